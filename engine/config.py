@@ -1,0 +1,147 @@
+"""Model and engine configuration.
+
+`ModelConfig` is the one architecture description the engine understands. It is read from a
+Hugging Face style `config.json` in either LLaDA's own naming (`d_model`, `n_heads`, ...) or
+Qwen2/Dream naming (`hidden_size`, `num_attention_heads`, ...), so both checkpoint families
+load through the same model code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.errors import ModelLoadError
+
+Arch = Literal["llada", "dream"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: Arch = "llada"
+    d_model: int = 256
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    n_layers: int = 4
+    mlp_hidden_size: int = 768
+    vocab_size: int = 2048
+    embedding_size: int = 2048  # rows of the embedding table; >= vocab_size (LLaDA pads it)
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    mask_token_id: int = 0
+    eos_token_id: int = 1
+    weight_tying: bool = False
+    qkv_bias: bool = False  # Qwen2/Dream carry q/k/v biases, LLaDA does not
+    max_sequence_length: int = 4096
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ModelLoadError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelLoadError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.embedding_size < self.vocab_size:
+            raise ModelLoadError("embedding_size must be >= vocab_size")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def logit_shift(self) -> bool:
+        """Dream predicts token i from position i-1 (AR-initialised), so its logits shift right."""
+        return self.arch == "dream"
+
+    def to_json(self) -> dict[str, Any]:
+        """LLaDA-style keys, which is the format celeris writes."""
+        d = asdict(self)
+        d["architectures"] = ["LLaDAModelLM"] if self.arch == "llada" else ["DreamModel"]
+        return d
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], name: str = "model") -> ModelConfig:
+        archs = [a.lower() for a in raw.get("architectures", [])]
+        is_dream = raw.get("model_type") == "Dream" or any("dream" in a for a in archs)
+        if "d_model" in raw:  # LLaDA naming
+            vocab = int(raw["vocab_size"])
+            return cls(
+                arch="dream" if is_dream else "llada",
+                d_model=int(raw["d_model"]),
+                n_heads=int(raw["n_heads"]),
+                n_kv_heads=int(raw.get("n_kv_heads") or raw["n_heads"]),
+                n_layers=int(raw["n_layers"]),
+                mlp_hidden_size=int(raw["mlp_hidden_size"]),
+                vocab_size=vocab,
+                embedding_size=int(raw.get("embedding_size") or vocab),
+                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+                mask_token_id=int(raw.get("mask_token_id", 126336)),
+                eos_token_id=int(raw.get("eos_token_id", 126081)),
+                weight_tying=bool(raw.get("weight_tying", False)),
+                qkv_bias=bool(raw.get("qkv_bias", raw.get("include_bias", False))),
+                max_sequence_length=int(raw.get("max_sequence_length", 4096)),
+                name=str(raw.get("name", name)),
+            )
+        if "hidden_size" in raw:  # Qwen2 / Dream naming
+            vocab = int(raw["vocab_size"])
+            return cls(
+                arch="dream",
+                d_model=int(raw["hidden_size"]),
+                n_heads=int(raw["num_attention_heads"]),
+                n_kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
+                n_layers=int(raw["num_hidden_layers"]),
+                mlp_hidden_size=int(raw["intermediate_size"]),
+                vocab_size=vocab,
+                embedding_size=vocab,
+                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                mask_token_id=int(raw.get("mask_token_id", 151666)),
+                eos_token_id=int(raw.get("eos_token_id", 151643)),
+                weight_tying=bool(raw.get("tie_word_embeddings", False)),
+                qkv_bias=True,
+                max_sequence_length=int(raw.get("max_position_embeddings", 32768)),
+                name=str(raw.get("name", name)),
+            )
+        raise ModelLoadError("config.json has neither LLaDA ('d_model') nor Qwen2/Dream ('hidden_size') keys")
+
+    @classmethod
+    def from_dir(cls, folder: Path) -> ModelConfig:
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"no config.json in model folder {folder}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
+        return cls.from_json(raw, name=Path(folder).resolve().name)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Serving limits and runtime choices; everything a scheduler or runner needs to size itself."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch: int = 16  # requests decoded together in one forward
+    max_queue: int = 64  # admitted-but-waiting requests; beyond this, submit() raises Overloaded
+    max_prompt_tokens: int = 512
+    max_gen_length: int = 512
+    length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    cuda_graphs: bool = True  # only used on CUDA
+    kv_cache: Literal["none", "prefix", "dual"] = "none"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def bucket_length(self, n: int) -> int:
+        for b in self.length_buckets:
+            if n <= b:
+                return b
+        return n
+
+    def bucket_batch(self, n: int) -> int:
+        for b in self.batch_buckets:
+            if n <= b:
+                return b
+        return n

@@ -1,0 +1,97 @@
+"""Validated sampling parameters.
+
+Every knob of the reverse process lives here, with its default and limit, so the CLI, the gRPC
+servicer and the HTTP gateway reject the same inputs with the same messages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from engine.errors import FieldViolation, InvalidRequest
+
+REMASKING = ("low_confidence", "random", "margin", "entropy")
+"""How a position's confidence is measured: the sampled token's probability (LLaDA), a uniform
+random number (LLaDA's `random`), top-1 minus top-2 probability, or negative entropy (Dream)."""
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    gen_length: int = 64
+    steps: int = 64  # total forward passes budget of the fixed schedule, split evenly over blocks
+    block_length: int = 32
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    threshold: Optional[float] = None  # confidence-threshold parallel decoding when set
+    factor: Optional[float] = None  # Fast-dLLM factor rule when set
+    cfg_scale: float = 0.0
+    seed: Optional[int] = None  # None: the engine picks one and reports it
+    stop_at_eos: bool = True
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+    @property
+    def adaptive(self) -> bool:
+        """Threshold and factor rules decide per step how many tokens to commit."""
+        return self.threshold is not None or self.factor is not None
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        return replace(self, seed=seed)
+
+    def validate(self, max_gen_length: int = 4096) -> SamplingParams:
+        """Raise InvalidRequest naming every bad field and its limit; return self when valid."""
+        v: list[FieldViolation] = []
+
+        def bad(name: str, msg: str) -> None:
+            v.append(FieldViolation(name, msg))
+
+        for name in ("gen_length", "steps", "block_length"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int):
+                bad(name, f"must be an integer, got {val!r}")
+        if v:
+            raise InvalidRequest(v)
+        if not 1 <= self.gen_length <= max_gen_length:
+            bad("gen_length", f"must be in [1, {max_gen_length}], got {self.gen_length}")
+        if not 1 <= self.block_length <= max(self.gen_length, 1):
+            bad("block_length", f"must be in [1, gen_length={self.gen_length}], got {self.block_length}")
+        elif self.gen_length % self.block_length:
+            bad("block_length", f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
+        if not 1 <= self.steps <= max(self.gen_length, 1):
+            bad("steps", f"must be in [1, gen_length={self.gen_length}], got {self.steps}")
+        elif self.block_length >= 1 and self.gen_length % self.block_length == 0:
+            blocks = self.gen_length // self.block_length
+            if self.steps % blocks:
+                bad("steps", f"must be a multiple of the number of blocks ({blocks}), got {self.steps}")
+        if not _finite(self.temperature) or self.temperature < 0:
+            bad("temperature", f"must be a finite number >= 0, got {self.temperature}")
+        if self.remasking not in REMASKING:
+            bad("remasking", f"must be one of {', '.join(REMASKING)}, got {self.remasking!r}")
+        if self.threshold is not None and (not _finite(self.threshold) or not 0 < self.threshold <= 1):
+            bad("threshold", f"must be in (0, 1], got {self.threshold}")
+        if self.factor is not None and (not _finite(self.factor) or self.factor <= 0):
+            bad("factor", f"must be a finite number > 0, got {self.factor}")
+        if self.threshold is not None and self.factor is not None:
+            bad("factor", "set either threshold or factor, not both")
+        if not _finite(self.cfg_scale) or self.cfg_scale < 0:
+            bad("cfg_scale", f"must be a finite number >= 0, got {self.cfg_scale}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            bad("seed", f"must be an integer in [0, 2^63-1], got {self.seed!r}")
+        if v:
+            raise InvalidRequest(v)
+        return self
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

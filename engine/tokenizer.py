@@ -1,0 +1,112 @@
+"""Tokenizer: the only place that knows special token ids and chat templates.
+
+Wraps a `tokenizers` `tokenizer.json`. Special tokens come from the model config (mask, EOS) and
+`tokenizer_config.json` (BOS, pad, chat template) when present.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.config import ModelConfig
+from engine.errors import FieldViolation, InvalidRequest, ModelLoadError
+
+MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
+# End-of-turn tokens of the families we serve: generation stops at them like at EOS.
+_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<eos>")
+
+# Used when a checkpoint ships no template (celeris-tiny's own format).
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, cfg: ModelConfig, tokenizer_config: dict | None = None):
+        self._tok = tok
+        tc = tokenizer_config or {}
+        self.vocab_size = cfg.vocab_size
+        self.mask_id = cfg.mask_token_id
+        self.eos_id = cfg.eos_token_id
+        self.bos_id = self._special_id(tc.get("bos_token"))
+        self.add_bos = bool(tc.get("add_bos_token", False)) and self.bos_id is not None
+        self.pad_id = self._special_id(tc.get("pad_token"))
+        if self.pad_id is None:
+            self.pad_id = self.eos_id
+        stop = {self.eos_id}
+        for t in _END_OF_TURN:
+            tid = tok.token_to_id(t)
+            if tid is not None and tid != self.mask_id:
+                stop.add(tid)
+        self.stop_ids = frozenset(stop)
+        self.chat_template = tc.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self._special = frozenset({self.mask_id, self.eos_id, self.pad_id, *(i for i in [self.bos_id] if i is not None)})
+
+    def _special_id(self, token: object) -> int | None:
+        if isinstance(token, dict):  # {"content": "<s>", ...} form
+            token = token.get("content")
+        return self._tok.token_to_id(token) if isinstance(token, str) else None
+
+    @classmethod
+    def from_dir(cls, folder: str | Path, cfg: ModelConfig) -> Tokenizer:
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"no tokenizer.json in model folder {folder}")
+        tc_path = folder / "tokenizer_config.json"
+        tc = json.loads(tc_path.read_text()) if tc_path.is_file() else {}
+        return cls(HFTokenizer.from_file(str(path)), cfg, tc)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if self.add_bos else ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        ids = [i for i in ids if not (skip_special and i in self._special)]
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+    def token_text(self, token_id: int) -> str:
+        if token_id == self.mask_id:
+            return MASK_MARKER
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self._tok.id_to_token(i) or "" for i in ids]
+
+    def render(self, ids: Sequence[int]) -> str:
+        """Text of a partly masked canvas: runs of real tokens decoded, each mask as MASK_MARKER."""
+        out, run = [], []
+        for i in ids:
+            if i == self.mask_id:
+                if run:
+                    out.append(self.decode(run))
+                    run = []
+                out.append(MASK_MARKER)
+            else:
+                run.append(i)
+        if run:
+            out.append(self.decode(run))
+        return "".join(out)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        import jinja2  # only chat requests pay for it
+
+        for i, m in enumerate(messages):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) or not m["role"]:
+                raise InvalidRequest([FieldViolation(f"messages[{i}]", "needs a non-empty role and a content string")])
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        specials = {"bos_token": self._tok.id_to_token(self.bos_id) if self.bos_id is not None else "",
+                    "eos_token": self._tok.id_to_token(self.eos_id) or ""}
+        return env.from_string(self.chat_template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **specials)
+
+    def check_ids(self, ids: Sequence[int], field: str = "token_ids") -> None:
+        bad = [i for i in ids if not 0 <= i < self.vocab_size or i == self.mask_id]
+        if bad:
+            raise InvalidRequest([FieldViolation(
+                field, f"ids must be in [0, {self.vocab_size}) and not the mask id {self.mask_id}; bad: {bad[:5]}")])

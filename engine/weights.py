@@ -1,0 +1,123 @@
+"""Checkpoint loading and saving.
+
+Folders are Hugging Face style: `config.json`, `model.safetensors` or a sharded
+`model.safetensors.index.json`, plus `tokenizer.json`. The model is built on the meta device
+and the tensors are memory-mapped from safetensors and assigned directly, so an 8B checkpoint
+never exists twice in memory. Loading is strict: a missing, unexpected or mis-shaped tensor is
+an error naming the tensor and its file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.model import MaskPredictor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Qwen2/Dream names -> our (LLaDA) names. Applied after the leading "model." is stripped.
+_QWEN2_RULES = [
+    (r"^embed_tokens\.", "transformer.wte."),
+    (r"^norm\.", "transformer.ln_f."),
+    (r"^lm_head\.", "transformer.ff_out."),
+    (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"transformer.blocks.\1.ff_norm."),
+    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"transformer.blocks.\1.attn_out."),
+    (r"^layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"transformer.blocks.\1.\2_proj."),
+    (r"^layers\.(\d+)\.mlp\.gate_proj\.", r"transformer.blocks.\1.ff_proj."),
+    (r"^layers\.(\d+)\.mlp\.up_proj\.", r"transformer.blocks.\1.up_proj."),
+    (r"^layers\.(\d+)\.mlp\.down_proj\.", r"transformer.blocks.\1.ff_out."),
+]
+
+
+def canonical_name(name: str) -> str:
+    """Map a checkpoint tensor name (LLaDA or Qwen2/Dream) to this model's parameter name."""
+    if name.startswith("model."):
+        name = name[len("model."):]
+    if name.startswith("transformer."):
+        return name
+    for pattern, repl in _QWEN2_RULES:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    return name
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Checkpoint tensor name -> the safetensors file that holds it."""
+    index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index}: not a safetensors index ({e})") from e
+        files = {name: folder / fname for name, fname in weight_map.items()}
+        for f in set(files.values()):
+            if not f.is_file():
+                raise ModelLoadError(f"{index} names shard {f.name}, which is missing")
+        return files
+    if single.is_file():
+        with safe_open(single, framework="pt") as f:
+            return {name: single for name in f.keys()}
+    raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in {folder}")
+
+
+def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> MaskPredictor:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} does not exist")
+    cfg = ModelConfig.from_dir(folder)
+    torch_dtype = resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = MaskPredictor(cfg)
+    expected = {name: p.shape for name, p in model.state_dict().items()}
+
+    files = _tensor_files(folder)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for ckpt_name, path in files.items():
+        by_file.setdefault(path, []).append((ckpt_name, canonical_name(ckpt_name)))
+
+    state: dict[str, torch.Tensor] = {}
+    for path, names in by_file.items():
+        with safe_open(path, framework="pt", device="cpu") as f:  # memory-mapped
+            for ckpt_name, name in names:
+                if name not in expected:
+                    raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
+                t = f.get_tensor(ckpt_name)
+                if tuple(t.shape) != tuple(expected[name]):
+                    raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name} has shape {tuple(t.shape)}, "
+                                         f"expected {tuple(expected[name])}")
+                state[name] = t.to(device=device, dtype=torch_dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def save_model(model: MaskPredictor, folder: str | Path, extra_config: dict | None = None) -> None:
+    """Write config.json + model.safetensors in LLaDA naming (what celeris-tiny ships as)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.cfg.to_json() | (extra_config or {})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

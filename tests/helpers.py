@@ -1,0 +1,44 @@
+"""Builders for test models: real safetensors folders written from random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.model import MaskPredictor
+from engine.training import data
+from engine.weights import save_model
+
+TEXTS = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune,",
+    "must be in want of a wife. However little known the feelings or views of such a man may be",
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition,",
+    "12+34=46 56+78=134 90+11=101",
+] * 4
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=96, vocab_size=300,
+                embedding_size=320, mask_token_id=data.MASK_ID, eos_token_id=data.EOS_ID, rope_theta=10000.0)
+    return ModelConfig(**(base | kw))
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.3) -> MaskPredictor:
+    """Random weights with a large std: peaked, well-separated logits like a trained model's."""
+    torch.manual_seed(seed)
+    model = MaskPredictor(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, std)
+    return model.eval()
+
+
+def make_model_dir(folder: Path, seed: int = 0, **cfg_overrides) -> Path:
+    tok = data.train_tokenizer(TEXTS, vocab_size=300)
+    cfg = tiny_config(vocab_size=tok.get_vocab_size(), **cfg_overrides)
+    save_model(random_model(cfg, seed), folder)
+    data.save_tokenizer(tok, folder)
+    return folder
