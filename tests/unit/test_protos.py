@@ -1,0 +1,129 @@
+"""The API definition: stubs up to date, buf lint clean, messages round-trip."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from celeris.v1 import generation_pb2 as pb
+from celeris.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOS = ROOT / "protos"
+PROTO = "celeris/v1/generation.proto"
+STUBS = ("generation_pb2.py", "generation_pb2.pyi", "generation_pb2_grpc.py")
+
+
+def test_regenerating_stubs_changes_nothing(tmp_path: Path) -> None:
+    # Same command as scripts/gen_protos.sh, written into a temp dir instead.
+    cmd = [
+        sys.executable, "-m", "grpc_tools.protoc", "-I", str(PROTOS),
+        f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
+        f"--grpc_python_out={tmp_path}", str(PROTOS / PROTO),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    for name in STUBS:
+        fresh = (tmp_path / "celeris" / "v1" / name).read_bytes()
+        committed = (PROTOS / "celeris" / "v1" / name).read_bytes()
+        assert fresh == committed, f"{name} is stale: run scripts/gen_protos.sh"
+
+
+@pytest.mark.skipif(shutil.which("buf") is None, reason="buf binary not installed")
+def test_buf_lint_is_clean() -> None:
+    result = subprocess.run(
+        ["buf", "lint"], cwd=PROTOS, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def _full_request() -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id="req-1",
+        chat=pb.ChatMessages(
+            messages=[
+                pb.ChatMessage(role="system", content="Be brief."),
+                pb.ChatMessage(role="user", content="Hi"),
+            ]
+        ),
+        gen_length=128,
+        steps=64,
+        block_length=32,
+        temperature=0.0,  # zero is meaningful: greedy, still "set"
+        remasking=pb.REMASKING_MARGIN,
+        threshold=0.9,
+        factor=1.0,
+        cfg_scale=0.0,
+        seed=0,
+        stream_options=pb.StreamOptions(
+            mode=pb.STREAM_MODE_EVERY_K_STEPS, every_k_steps=4
+        ),
+    )
+
+
+OPTIONAL_KNOBS = (
+    "gen_length", "steps", "block_length", "temperature",
+    "threshold", "factor", "cfg_scale", "seed",
+)
+
+
+def test_generate_request_round_trip() -> None:
+    request = _full_request()
+    parsed = pb.GenerateRequest.FromString(request.SerializeToString())
+    assert parsed == request
+    assert parsed.WhichOneof("input") == "chat"
+    assert [m.role for m in parsed.chat.messages] == ["system", "user"]
+    assert parsed.remasking == pb.REMASKING_MARGIN
+    assert parsed.stream_options.every_k_steps == 4
+    assert parsed.threshold == pytest.approx(0.9)
+    # Optional knobs set to zero are still present after the round trip.
+    for knob in OPTIONAL_KNOBS:
+        assert parsed.HasField(knob), knob
+
+
+def test_unset_optional_knobs_are_absent() -> None:
+    parsed = pb.GenerateRequest.FromString(
+        pb.GenerateRequest(prompt="hello").SerializeToString()
+    )
+    assert parsed.WhichOneof("input") == "prompt"
+    for knob in OPTIONAL_KNOBS:
+        assert not parsed.HasField(knob), knob
+    assert parsed.remasking == pb.REMASKING_UNSPECIFIED
+    assert parsed.stream_options.mode == pb.STREAM_MODE_UNSPECIFIED
+
+
+def test_oneof_input_keeps_the_last_one_set() -> None:
+    request = pb.GenerateRequest(prompt="hello")
+    request.token_ids.ids.extend([1, 2, 3])
+    assert request.WhichOneof("input") == "token_ids"
+    assert not request.HasField("prompt")
+
+
+def test_final_response_round_trip() -> None:
+    response = pb.GenerateResponse(
+        request_id="req-1", step=64, total_steps=64, block_index=3, num_blocks=4,
+        text="Hello",
+        tokens=[pb.Token(id=7, text="Hello", committed_this_step=True, confidence=0.5)],
+        committed_positions=[0], committed_confidences=[0.5], done=True,
+        finish_reason=pb.FINISH_REASON_STOP, seed=42,
+        usage=pb.Usage(prompt_tokens=5, generated_tokens=1, forward_passes=64),
+        elapsed=Duration(seconds=1, nanos=500_000_000),
+    )
+    parsed = pb.GenerateResponse.FromString(response.SerializeToString())
+    assert parsed == response
+    assert parsed.elapsed.ToTimedelta().total_seconds() == pytest.approx(1.5)
+
+
+def test_service_methods() -> None:
+    service = pb.DESCRIPTOR.services_by_name["GenerationService"]
+    methods = {m.name: m for m in service.methods}
+    assert set(methods) == {"Generate", "GetModelInfo", "Tokenize"}
+    assert methods["Generate"].server_streaming
+    assert not methods["Generate"].client_streaming
+    assert not methods["GetModelInfo"].server_streaming
+    # The grpc stubs import the messages as celeris.v1... and expose both sides.
+    assert hasattr(pb_grpc, "GenerationServiceStub")
+    assert hasattr(pb_grpc, "add_GenerationServiceServicer_to_server")
