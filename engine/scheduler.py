@@ -45,7 +45,8 @@ class StepLoop:
 
     def add(self, seq: Sequence, bounded: bool = True) -> None:
         """Queue a request; with `bounded`, a full queue raises Overloaded at once."""
-        if bounded and len(self.waiting) >= self.max_queue and not self.free_slots:
+        # Free slots absorb waiting requests at the next step, so they count as capacity too.
+        if bounded and len(self.waiting) >= self.max_queue + len(self.free_slots):
             raise Overloaded(f"queue full ({self.max_queue} waiting, {len(self.running)} running)")
         self.waiting.append(seq)
 

@@ -28,4 +28,4 @@ def tiny_llm(tiny_model_dir):
     from engine.config import EngineConfig
     from engine.llm import LLM
 
-    return LLM.load(tiny_model_dir, EngineConfig(max_batch=8, max_queue=32, max_prompt_tokens=64, max_gen_length=64))
+    return LLM.load(tiny_model_dir, EngineConfig(max_batch=16, max_queue=32, max_prompt_tokens=64, max_gen_length=64))

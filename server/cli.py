@@ -1,0 +1,114 @@
+"""The `celeris` command.
+
+Engine-side subcommands (run, eval, train, serve) live here; client subcommands (generate,
+batch, bench) are implemented in `clients.cli`, which never imports torch, and are only
+dispatched from here. This dispatcher is the one module that sees both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+CLIENT_COMMANDS = ("generate", "batch", "bench")
+
+
+def add_sampling_args(ap: argparse.ArgumentParser) -> None:
+    from engine.params import REMASKING, SamplingParams
+
+    d = SamplingParams()
+    g = ap.add_argument_group("sampling")
+    g.add_argument("--gen-length", type=int, default=d.gen_length, help="tokens to generate (default %(default)s)")
+    g.add_argument("--steps", type=int, default=d.steps, help="denoising steps, split over blocks (default %(default)s)")
+    g.add_argument("--block-length", type=int, default=d.block_length, help="semi-AR block length (default %(default)s)")
+    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default %(default)s)")
+    g.add_argument("--remasking", default=d.remasking, help=f"one of {', '.join(REMASKING)} (default %(default)s)")
+    g.add_argument("--threshold", type=float, default=None, help="confidence-threshold parallel decoding, in (0, 1]")
+    g.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor rule (> 0)")
+    g.add_argument("--cfg-scale", type=float, default=d.cfg_scale, help="classifier-free guidance scale")
+    g.add_argument("--seed", type=int, default=None, help="random seed (default: chosen and reported)")
+
+
+def sampling_from_args(a: argparse.Namespace):
+    from engine.params import SamplingParams
+
+    return SamplingParams(gen_length=a.gen_length, steps=a.steps, block_length=a.block_length,
+                          temperature=a.temperature, remasking=a.remasking, threshold=a.threshold,
+                          factor=a.factor, cfg_scale=a.cfg_scale, seed=a.seed)
+
+
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: embedded celeris-tiny)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default %(default)s)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def engine_config_from_args(a: argparse.Namespace, **kw):
+    from engine.config import EngineConfig
+
+    return EngineConfig(device=a.device, dtype=a.dtype, **kw)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    import torch
+
+    from engine.llm import LLM
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    params = sampling_from_args(a)
+    params.validate()  # bad values fail before the model loads
+    llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=max(512, a.gen_length)))
+    res = llm.generate_one(a.prompt, params)
+    if a.json:
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
+                          "finish_reason": res.finish_reason.value, "seed": res.seed}))
+    else:
+        print(res.text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="celeris", description="Serve masked-diffusion language models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="one in-process generation, no server")
+    add_model_args(run)
+    run.add_argument("--prompt", required=True, help="prompt text")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    add_sampling_args(run)
+    run.set_defaults(func=cmd_run)
+
+    from server import cli_commands
+
+    cli_commands.register(sub)
+    for name in CLIENT_COMMANDS:
+        sub.add_parser(name, help=f"client: see `celeris {name} --help`", add_help=False)
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in CLIENT_COMMANDS:
+        import importlib
+
+        return importlib.import_module("clients.cli").main(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    from engine.errors import EngineError
+
+    try:
+        return a.func(a)
+    except EngineError as e:  # bad parameters, missing model folder: one line, non-zero exit
+        print(f"celeris {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
