@@ -7,16 +7,17 @@ offline through the same `StepLoop` the server uses. The server builds a `Schedu
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Optional, Sequence as Seq, Union
 
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import FieldViolation, InvalidRequest
+from engine.errors import FieldViolation, InvalidRequest, ModelLoadError
 from engine.model import MaskPredictor, count_parameters
 from engine.params import SamplingParams
 from engine.runner import Runner
@@ -41,6 +42,19 @@ class Result:
     prompt_tokens: int
 
 
+def model_defaults(folder: Path) -> SamplingParams:
+    """Sampling defaults a checkpoint recommends in `generation_config.json` (celeris keys)."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return SamplingParams()
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
+    known = {f.name for f in fields(SamplingParams)} - {"seed"}
+    return SamplingParams(**{k: v for k, v in raw.items() if k in known}).validate()
+
+
 class LLM:
     def __init__(self, model: MaskPredictor, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
@@ -55,7 +69,7 @@ class LLM:
         folder = Path(folder) if folder is not None else EMBEDDED_MODEL
         model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
-        return cls(model, tok, config, defaults or SamplingParams(), name=model.cfg.name)
+        return cls(model, tok, config, defaults or model_defaults(folder), name=model.cfg.name)
 
     @property
     def model_config(self) -> ModelConfig:

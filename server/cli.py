@@ -17,27 +17,39 @@ CLIENT_COMMANDS = ("generate", "batch", "bench")
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
-    from engine.params import REMASKING, SamplingParams
+    """Every knob defaults to None: unset means the model's own default (generation_config.json)."""
+    from engine.params import REMASKING
 
-    d = SamplingParams()
-    g = ap.add_argument_group("sampling")
-    g.add_argument("--gen-length", type=int, default=d.gen_length, help="tokens to generate (default %(default)s)")
-    g.add_argument("--steps", type=int, default=d.steps, help="denoising steps, split over blocks (default %(default)s)")
-    g.add_argument("--block-length", type=int, default=d.block_length, help="semi-AR block length (default %(default)s)")
-    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default %(default)s)")
-    g.add_argument("--remasking", default=d.remasking, help=f"one of {', '.join(REMASKING)} (default %(default)s)")
-    g.add_argument("--threshold", type=float, default=None, help="confidence-threshold parallel decoding, in (0, 1]")
-    g.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor rule (> 0)")
-    g.add_argument("--cfg-scale", type=float, default=d.cfg_scale, help="classifier-free guidance scale")
-    g.add_argument("--seed", type=int, default=None, help="random seed (default: chosen and reported)")
+    g = ap.add_argument_group("sampling (unset: the model's defaults)")
+    g.add_argument("--gen-length", type=int, help="tokens to generate")
+    g.add_argument("--steps", type=int, help="denoising steps over the whole canvas, split evenly over blocks")
+    g.add_argument("--block-length", type=int, help="semi-autoregressive block length; must divide --gen-length")
+    g.add_argument("--temperature", type=float, help="0 = greedy")
+    g.add_argument("--remasking", help=f"one of {', '.join(REMASKING)}")
+    g.add_argument("--threshold", type=float, help="confidence-threshold parallel decoding, in (0, 1]")
+    g.add_argument("--factor", type=float, help="Fast-dLLM factor rule (> 0)")
+    g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale")
+    g.add_argument("--seed", type=int, help="random seed (default: chosen and reported)")
 
 
-def sampling_from_args(a: argparse.Namespace):
+SAMPLING_FIELDS = ("gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor",
+                   "cfg_scale", "seed")
+
+
+def sampling_from_args(a: argparse.Namespace, defaults=None):
+    """The given flags over `defaults`, validated; errors name the flag (--block-length)."""
+    import dataclasses
+
+    from engine.errors import FieldViolation, InvalidRequest
     from engine.params import SamplingParams
 
-    return SamplingParams(gen_length=a.gen_length, steps=a.steps, block_length=a.block_length,
-                          temperature=a.temperature, remasking=a.remasking, threshold=a.threshold,
-                          factor=a.factor, cfg_scale=a.cfg_scale, seed=a.seed)
+    given = {f: getattr(a, f) for f in SAMPLING_FIELDS if getattr(a, f, None) is not None}
+    params = dataclasses.replace(defaults or SamplingParams(), **given)
+    try:
+        return params.validate()
+    except InvalidRequest as e:
+        raise InvalidRequest([FieldViolation("--" + v.field.replace("_", "-"), v.description)
+                              for v in e.violations]) from None
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -56,14 +68,17 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
 def cmd_run(a: argparse.Namespace) -> int:
     import torch
 
+    from engine.errors import ModelLoadError
     from engine.llm import LLM
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    params = sampling_from_args(a)
-    params.validate()  # bad values fail before the model loads
-    llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=max(512, a.gen_length)))
-    res = llm.generate_one(a.prompt, params)
+    sampling_from_args(a)  # obviously bad flags fail before the model loads
+    try:
+        llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=4096, max_prompt_tokens=4096))
+    except ModelLoadError as e:
+        raise ModelLoadError(f"--model: {e}") from None
+    res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
     if a.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
                           "finish_reason": res.finish_reason.value, "seed": res.seed}))
