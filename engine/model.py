@@ -125,8 +125,9 @@ class MaskPredictor(nn.Module):
                 cache: Optional[KVCache] = None, return_kv: bool = False):
         """ids (B, L) -> logits (B, L, V), or (B, W, V) at `out_index` (B, W) positions.
 
-        key_mask (B, Lk) is False at padding keys (Lk = cached + L). positions default to
-        0..L-1 after the cache; RoPE is relative, so left padding leaves real-token logits intact.
+        key_mask (B, L) is False at padding keys; with a cache, its own key_mask covers the cached
+        keys. positions default to 0..L-1 after the cache; RoPE is relative, so left padding leaves
+        real-token logits intact.
         Dream's logit shift is applied here so callers never see it.
         """
         B, L = ids.shape
@@ -134,6 +135,9 @@ class MaskPredictor(nn.Module):
         if positions is None:
             positions = torch.arange(past_len, past_len + L, device=ids.device).expand(B, L)
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        if cache is not None:  # keys = cached context, then the fresh positions
+            fresh = key_mask if key_mask is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
+            key_mask = torch.cat([cache.key_mask, fresh], dim=1)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Lk)
         x = self.transformer.wte(ids)  # (B, L, D)
         kvs = []

@@ -1,0 +1,41 @@
+"""Block-wise approximate KV cache (Fast-dLLM), one preallocated buffer per layer.
+
+Keys/values live per slot, right-aligned exactly like the runner's canvas buffer, and are
+rotated with absolute buffer positions, so a row's cache is valid in any bucket length.
+
+- prefix: at a block's first step the whole canvas is run and its K/V stored; later steps of
+  the block recompute the block and everything after it, attending to the cached prefix.
+- dual: later steps recompute only the block; prefix and suffix K/V both come from the cache.
+
+The cache is refreshed at every block boundary, which bounds how stale it can get.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig
+from engine.model import KVCache
+
+MODES = ("none", "prefix", "dual")
+
+
+class KVCacheStore:
+    def __init__(self, cfg: ModelConfig, rows: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        shape = (rows, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.max_len = max_len
+
+    def write(self, rows: torch.Tensor, kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store a full forward's K/V (each (B, Hk, L, Dh), the buffer's last L columns)."""
+        L = kvs[0][0].shape[2]
+        for layer, (k, v) in enumerate(kvs):
+            self.keys[layer][rows, :, self.max_len - L:] = k
+            self.values[layer][rows, :, self.max_len - L:] = v
+
+    def read(self, rows: torch.Tensor, L: int, key_mask: torch.Tensor) -> KVCache:
+        """The cached context of `rows` over the last L columns; key_mask (B, L) says which to use."""
+        keys = [k[rows, :, self.max_len - L:] for k in self.keys]
+        values = [v[rows, :, self.max_len - L:] for v in self.values]
+        return KVCache(keys, values, key_mask)
