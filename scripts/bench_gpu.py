@@ -1,0 +1,116 @@
+"""Steps/s and tokens/s of the batched denoising step, CUDA graphs on vs off.
+
+    python scripts/bench_gpu.py                 # LLaDA-8B architecture, random bf16 weights, CUDA
+    python scripts/bench_gpu.py --tiny          # a tiny config on CPU (what CI-class machines can run)
+
+Weights are random (no download): the step's cost depends on shapes, not values. Every request
+uses the fixed schedule with a fixed number of tokens committed per step
+(gen_length / steps), so tokens/s = batch x tokens_per_step x steps/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import EngineConfig, ModelConfig  # noqa: E402
+from engine.model import MaskPredictor  # noqa: E402
+from engine.params import SamplingParams  # noqa: E402
+from engine.runner import Runner  # noqa: E402
+from engine.sequence import Sequence  # noqa: E402
+
+LLADA_8B = ModelConfig(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288,
+                       vocab_size=126464, embedding_size=126464, rope_theta=500000.0, mask_token_id=126336,
+                       eos_token_id=126081, name="llada-8b-random")
+TINY = ModelConfig(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=512,
+                   embedding_size=512, mask_token_id=3, eos_token_id=2, name="tiny-random")
+
+
+def random_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> MaskPredictor:
+    with torch.device("meta"):
+        model = MaskPredictor(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    return model.eval().requires_grad_(False)
+
+
+def measure(model: MaskPredictor, batch: int, graphs: bool, args) -> dict:
+    device = next(model.parameters()).device
+    cfg = EngineConfig(device=str(device), max_batch=max(batch, 1), max_prompt_tokens=args.prompt_len,
+                       max_gen_length=args.gen_length, cuda_graphs=graphs)
+    runner = Runner(model, cfg)
+    params = SamplingParams(gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
+                            seed=0, stop_at_eos=False).validate(args.gen_length)
+    def fresh(i: int) -> Sequence:
+        s = Sequence(f"r{i}", [5 + i] * args.prompt_len, params, model.cfg.mask_token_id, frozenset())
+        s.slot = i
+        runner.load(s)
+        return s
+
+    seqs = [fresh(i) for i in range(batch)]
+
+    def one_step() -> None:
+        results, _ = runner.step(seqs)
+        for i, r in enumerate(results):  # keep the schedule moving; a finished canvas starts over
+            seqs[i].apply(r.positions, r.tokens, r.confidences)
+            if seqs[i].finished:
+                seqs[i] = fresh(i)
+
+    for _ in range(args.warmup):
+        one_step()
+    times = []
+    for _ in range(args.iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one_step()  # the step itself syncs once when it reads results back
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    per_step = args.gen_length // args.steps
+    return {"batch": batch, "cuda_graphs": graphs and device.type == "cuda", "median_step_ms": round(1e3 * step_s, 3),
+            "steps_per_s": round(1 / step_s, 2), "tokens_per_s": round(batch * per_step / step_s, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke run)")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-length", type=int, default=256)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=64, help="tokens per step = gen_length / steps")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available() and not a.tiny
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    model = random_model(TINY if a.tiny or not cuda else LLADA_8B, device, dtype)
+    rows = []
+    for batch in (int(b) for b in a.batches.split(",")):
+        for graphs in ((False, True) if cuda else (False,)):
+            r = measure(model, batch, graphs, a)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    cond = {"model": model.cfg.name, "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "dtype": str(dtype).replace("torch.", ""), "prompt_len": a.prompt_len, "gen_length": a.gen_length,
+            "block_length": a.block_length, "steps": a.steps, "tokens_per_step": a.gen_length // a.steps,
+            "threads": torch.get_num_threads()}
+    print(json.dumps(cond))
+    if a.json:
+        a.json.write_text(json.dumps({"conditions": cond, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
