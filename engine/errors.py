@@ -35,5 +35,9 @@ class Unavailable(EngineError):
     """The engine is loading, draining or stopped."""
 
 
+class StepFailed(EngineError):
+    """A batched step raised (a bug, or e.g. CUDA out of memory); its requests are ended."""
+
+
 class ModelLoadError(EngineError):
     """A checkpoint folder is missing, malformed, or does not match the model."""

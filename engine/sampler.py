@@ -168,10 +168,10 @@ def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingPar
             step = torch.full((B,), nfe, dtype=torch.long, device=x.device)
             if p.temperature > 0:
                 u = uniform_noise(seed, step, pos, logits.shape[-1], stream=0)
-                x0 = gumbel_scores(logits, torch.full((B,), p.temperature), u).argmax(-1)
+                x0 = gumbel_scores(logits, torch.full((B,), p.temperature, device=x.device), u).argmax(-1)
             else:
                 x0 = logits.argmax(-1)
-            u_rand = uniform_noise(seed, step, pos, None, stream=1)
+            u_rand = uniform_noise(seed, step, pos, None, stream=1) if p.remasking == "random" else None
             code = torch.full((B,), REMASK_CODE[p.remasking], device=x.device)
             x0_p = confidences(logits, x0, code, u_rand)
             x0_p[:, end:] = NEG_INF

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import logging
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional
 
-from engine.errors import Overloaded, Unavailable
+from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable
 from engine.runner import Runner, StepStats
 from engine.sequence import Sequence, StepEvent
 
@@ -61,6 +62,14 @@ class StepLoop:
                 return seq.cancel()
         return None
 
+    def fail_running(self) -> list[Sequence]:
+        """After a step raised: end every running request (their canvases are suspect)."""
+        failed = list(self.running)
+        for seq in failed:
+            self._release(seq)
+            seq.cancel()
+        return failed
+
     def _admit(self) -> None:
         while self.waiting and self.free_slots:
             seq = self.waiting.popleft()
@@ -96,6 +105,7 @@ class StepLoop:
 
 
 _DONE = object()
+log = logging.getLogger("celeris.engine")
 
 
 class Scheduler:
@@ -136,7 +146,7 @@ class Scheduler:
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):  # stopping must always complete
                 pass
             self._task = None
         for rid in list(self._queues):
@@ -156,6 +166,8 @@ class Scheduler:
                 ev = await queue.get()
                 if ev is _DONE:
                     return
+                if isinstance(ev, EngineError):
+                    raise ev
                 yield ev
                 if ev.finished:
                     return
@@ -166,7 +178,6 @@ class Scheduler:
         if not self.accepting:
             raise Unavailable("server is draining; retry on another replica")
         if seq.request_id in self._queues:
-            from engine.errors import FieldViolation, InvalidRequest
             raise InvalidRequest([FieldViolation("request_id", f"{seq.request_id!r} is already running")])
         self.core.add(seq)
         queue: asyncio.Queue = asyncio.Queue()
@@ -191,6 +202,12 @@ class Scheduler:
             queue.put_nowait(_DONE)
             del self._queues[rid]
 
+    def _fail(self, rid: str, exc: EngineError) -> None:
+        queue = self._queues.pop(rid, None)
+        if queue is not None:
+            queue.put_nowait(exc)
+            queue.put_nowait(_DONE)
+
     def _apply_cancellations(self) -> None:
         for rid in self._cancelled:
             self._deliver(rid, self.core.cancel(rid))
@@ -204,7 +221,13 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            events, record = await loop.run_in_executor(self._executor, self.core.step)
+            try:
+                events, record = await loop.run_in_executor(self._executor, self.core.step)
+            except Exception as exc:  # keep serving: end this batch's requests, not the loop
+                log.exception("denoising step failed; ending %d request(s)", self.running)
+                for seq in self.core.fail_running():
+                    self._fail(seq.request_id, StepFailed(f"denoising step failed: {exc!r}"))
+                continue
             self.steps += record is not None
             for ev in events:
                 if ev.request_id in self._cancelled:

@@ -72,7 +72,7 @@ class Sequence:
     @property
     def tokens_this_step(self) -> int:
         """Fixed-schedule commit count for the next step (ignored by adaptive rules)."""
-        return self._schedule[self.step_in_block]
+        return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]  # adaptive may run past it
 
     def generated(self) -> list[int]:
         """Generated ids up to the first stop token (which is dropped)."""

@@ -78,7 +78,8 @@ class CelerisServer:
 
     async def start(self) -> int:
         s = self.settings
-        self.scheduler = Scheduler(self.llm.loop, on_step=lambda r: self.telemetry.on_step(r, self.scheduler))
+        self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step)
+        self.telemetry.bind_scheduler(self.scheduler)
         self.scheduler.start()
         interceptors = [AccessLogInterceptor()]
         if s.api_token:
@@ -103,7 +104,7 @@ class CelerisServer:
         if s.http_port is not None:
             from server.http_gateway import HttpGateway
 
-            self.http = HttpGateway(self.llm, self.scheduler, s)
+            self.http = HttpGateway(self.llm, self.scheduler, s, health=self.health)
             await self.http.start(s.http_port)
         if s.warmup:
             await self._warmup()

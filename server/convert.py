@@ -60,6 +60,19 @@ class Input:
     messages: Optional[list[dict]] = None
 
 
+# Engine field names -> the GenerateRequest field paths a client sees in BadRequest.
+PROTO_FIELDS = {"messages": "chat.messages", "token_ids": "token_ids.ids"}
+
+
+def proto_violations(exc: InvalidRequest) -> InvalidRequest:
+    """The same violations, named by GenerateRequest field paths (messages[0] -> chat.messages[0])."""
+    def path(field: str) -> str:
+        head, bracket, rest = field.partition("[")
+        return PROTO_FIELDS.get(head, head) + bracket + rest
+
+    return InvalidRequest([FieldViolation(path(v.field), v.description) for v in exc.violations])
+
+
 def request_id(req: pb.GenerateRequest) -> str:
     if len(req.request_id) > MAX_REQUEST_ID:
         raise InvalidRequest([FieldViolation("request_id", f"at most {MAX_REQUEST_ID} characters")])
@@ -133,9 +146,15 @@ def snapshot(ev: StepEvent, tok: Tokenizer, params: SamplingParams, committed: d
               for i, t in enumerate(ev.canvas)]
     positions = sorted(committed)
     return pb.GenerateResponse(
-        request_id=ev.request_id, step=ev.step + 1, total_steps=params.steps, block_index=ev.block,
+        request_id=ev.request_id, step=ev.step + 1, total_steps=planned_steps(params), block_index=ev.block,
         num_blocks=ev.num_blocks, text=tok.render(visible), tokens=tokens, committed_positions=positions,
         committed_confidences=[committed[p] for p in positions], done=ev.finished)
+
+
+def planned_steps(params: SamplingParams) -> int:
+    """The fixed schedule runs `steps`; threshold/factor rules run each block until it has no
+    masks, between 1 and block_length steps, so at most gen_length in all."""
+    return params.gen_length if params.adaptive else params.steps
 
 
 def finalize(msg: pb.GenerateResponse, ev: StepEvent, seed: int, prompt_tokens: int, generated: int,

@@ -7,7 +7,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, Unavailable
+from engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
 
 # engine error type -> (gRPC status code, google.rpc code)
 STATUS_TABLE: dict[type, tuple[grpc.StatusCode, int]] = {
@@ -15,6 +15,7 @@ STATUS_TABLE: dict[type, tuple[grpc.StatusCode, int]] = {
     Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
     Unavailable: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
     ModelLoadError: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
+    StepFailed: (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
 }
 
 

@@ -5,6 +5,7 @@ Health checks and reflection are exempt from auth and rate limits so probes and 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import time
@@ -108,9 +109,10 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
         method, log = details.method, self.log
 
         def wrap(fn: Behavior, streaming: bool) -> Behavior:
+            # The peer is read up front: touching the context of a cancelled call is unsafe.
             if streaming and inspect.isasyncgenfunction(fn):
                 async def logged_stream(request, context):
-                    t0, sent, code = time.perf_counter(), 0, "OK"
+                    t0, sent, code, peer = time.perf_counter(), 0, "OK", context.peer()
                     try:
                         async for msg in fn(request, context):
                             sent += 1
@@ -119,29 +121,26 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
                         code = _code_of(context, e)
                         raise
                     finally:
-                        log.info("rpc", method=method, peer=context.peer(), code=code, messages=sent,
+                        log.info("rpc", method=method, peer=peer, code=code, messages=sent,
                                  duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
                 return logged_stream
 
             async def logged(request, context):  # unary, or streaming through context.write
-                t0, code = time.perf_counter(), "OK"
+                t0, code, peer = time.perf_counter(), "OK", context.peer()
                 try:
                     return await fn(request, context)
                 except BaseException as e:
                     code = _code_of(context, e)
                     raise
                 finally:
-                    log.info("rpc", method=method, peer=context.peer(), code=code,
+                    log.info("rpc", method=method, peer=peer, code=code,
                              duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
             return logged
         return _rewrap(handler, wrap)
 
 
 def _code_of(context, exc: BaseException) -> str:
-    code = context.code() if hasattr(context, "code") else None
-    if code is not None and code != grpc.StatusCode.OK:
-        return code.name
-    import asyncio
-
-    return "CANCELLED" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "UNKNOWN"
-
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the call is gone: don't touch it
+        return "CANCELLED"
+    code = context.code()  # set by abort(); the handler is still running here
+    return code.name if code is not None and code != grpc.StatusCode.OK else "UNKNOWN"

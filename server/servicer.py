@@ -36,6 +36,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                                        messages=inp.messages, request_id=rid)
                 prompt = seq.prompt
             except EngineError as e:
+                e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
                 obs.fail(e)
                 await abort(context, e)
             events = self.scheduler.generate(seq)

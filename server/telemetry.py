@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -150,11 +151,13 @@ class Telemetry:
                           **({"prompt": request.prompt} if self.log_prompts and request.prompt else {}))
             try:
                 yield obs
-            except BaseException as e:  # cancellation, deadline, abort
+            except (asyncio.CancelledError, GeneratorExit):  # client cancel or deadline
                 if obs.outcome == "ok":
                     obs.outcome, obs.code = "cancelled", "CANCELLED"
-                    if not isinstance(e, (GeneratorExit,)) and not _is_cancel(e):
-                        obs.outcome, obs.code = "error", "INTERNAL"
+                raise
+            except BaseException:  # an abort already classified by obs.fail, or a bug
+                if obs.outcome == "ok":
+                    obs.outcome, obs.code = "error", "INTERNAL"
                 raise
             finally:
                 self.spans.pop(obs.request_id, None)
@@ -163,16 +166,18 @@ class Telemetry:
                 span.set_attribute("rpc.grpc.status_code", obs.code)
                 structlog.contextvars.unbind_contextvars("request_id", "trace_id", "span_id")
 
-    def on_step(self, record: StepRecord, scheduler: Optional[Scheduler] = None) -> None:
+    def bind_scheduler(self, scheduler: Scheduler) -> None:
+        """Gauges read the scheduler at scrape time, so they never go stale between steps."""
+        self.metrics.queue_depth.set_function(lambda: scheduler.queued)
+        self.metrics.running.set_function(lambda: scheduler.running)
+
+    def on_step(self, record: StepRecord) -> None:
         s = record.stats
         m = self.metrics
         m.batch_size.observe(s.batch)
         m.step_latency.observe(s.seconds)
         m.forward_passes.inc()
         m.tokens_per_forward.observe(s.committed)
-        if scheduler is not None:
-            m.queue_depth.set(scheduler.queued)
-            m.running.set(scheduler.running)
         links = [Link(self.spans[r].get_span_context()) for r in record.request_ids if r in self.spans]
         span = self.tracer.start_span("celeris.denoise_step", links=links, start_time=int(record.started * 1e9),
                                       context=trace.set_span_in_context(trace.INVALID_SPAN))
@@ -184,9 +189,3 @@ class Telemetry:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
-
-
-def _is_cancel(e: BaseException) -> bool:
-    import asyncio
-
-    return isinstance(e, asyncio.CancelledError)
