@@ -111,7 +111,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv and argv[0] in CLIENT_COMMANDS:
         import importlib
 
-        return importlib.import_module("clients.cli").main(argv)
+        extra = {}
+        if argv[0] == "bench" and "--in-process" in argv:  # the engine-side backend, kept out of clients/
+            extra["in_process"] = importlib.import_module("server.bench_inprocess").InProcessBackend
+        return importlib.import_module("clients.cli").main(argv, **extra)
     ap = build_parser()
     a = ap.parse_args(argv)
     from engine.errors import EngineError

@@ -1,0 +1,15 @@
+"""Celeris clients: the Python client library, the CLI views, batch and bench tools, the web page.
+
+Never imports `engine` or `server` and never pulls in torch (see DESIGN.md).
+"""
+
+from clients.client import AsyncCelerisClient, CelerisClient
+from clients.errors import (CelerisError, DeadlineExceeded, FieldViolation, InvalidArgument, Overloaded,
+                            RetryPolicy, Unauthenticated, Unavailable)
+from clients.types import Defaults, Limits, ModelInfo, Result, Snapshot, Token, Tokenization, Usage
+
+__all__ = [
+    "AsyncCelerisClient", "CelerisClient", "CelerisError", "DeadlineExceeded", "Defaults", "FieldViolation",
+    "InvalidArgument", "Limits", "ModelInfo", "Overloaded", "Result", "RetryPolicy", "Snapshot", "Token",
+    "Tokenization", "Unauthenticated", "Unavailable", "Usage",
+]

@@ -1,0 +1,177 @@
+"""`celeris batch in.jsonl out.jsonl`: one generation per input line, resumable.
+
+Input lines are JSON objects: {"id": ..., "prompt": "..."} (or "messages": [...], or
+"token_ids": [...]) plus any generation knob (gen_length, steps, block_length, temperature,
+remasking, threshold, factor, cfg_scale, seed) and an optional "metadata" value echoed to the
+output. A line that is not valid is reported on stderr and skipped; the batch goes on.
+
+Output lines are written as items finish (any order): {"id", "status": "ok", "text",
+"finish_reason", "usage", "seed", "steps", "latency_s", ...} or {"id", "status": "error",
+"error": {"code", "message", "field_violations"}, "latency_s"}. Rerunning skips the ids that
+already have an "ok" line, so an interrupted batch resumes; failed items are tried again and the
+last line for an id wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from clients.client import AsyncCelerisClient
+from clients.errors import CelerisError
+from clients.progress import Progress, fmt_seconds, percentile
+from clients.types import KNOBS, Prompt, build_request
+
+INPUT_KEYS = ("prompt", "messages", "token_ids")
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    prompt: Prompt
+    knobs: dict[str, Any]
+    metadata: Any = None
+
+
+@dataclass
+class Summary:
+    total: int = 0
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    bad_lines: int = 0
+    tokens: int = 0
+    latencies: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def describe(self) -> str:
+        rate = self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+        return (f"batch: {self.ok + self.failed} run ({self.ok} ok, {self.failed} failed), {self.skipped} skipped "
+                f"(already done), {self.bad_lines} bad input lines · {fmt_seconds(self.wall_s)} · "
+                f"{(self.ok + self.failed) / max(self.wall_s, 1e-9):.2f} items/s · {self.tokens} tokens · "
+                f"{rate:.1f} tok/s · latency p50 {fmt_seconds(percentile(self.latencies, 50))} "
+                f"p95 {fmt_seconds(percentile(self.latencies, 95))}")
+
+
+def parse_line(line: str, defaults: dict[str, Any]) -> Item:
+    """One input line -> Item; ValueError says what is wrong with it."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    unknown = set(obj) - {"id", "metadata", *INPUT_KEYS, *KNOBS}
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+    inputs = [k for k in INPUT_KEYS if k in obj]
+    if len(inputs) != 1:
+        raise ValueError("needs exactly one of prompt, messages, token_ids")
+    if not isinstance(obj.get("id", ""), (str, int)) or isinstance(obj.get("id"), bool):
+        raise ValueError("id must be a string or an integer")
+    knobs = defaults | {k: obj[k] for k in KNOBS if k in obj}
+    prompt = obj[inputs[0]]
+    try:
+        build_request(prompt, **knobs)  # type and range checks a server would otherwise fail on
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e)) from None
+    return Item(str(obj["id"]) if "id" in obj else "", prompt, knobs, obj.get("metadata"))
+
+
+def read_items(path: Path, defaults: dict[str, Any], err: TextIO) -> tuple[list[Item], int]:
+    """(items, number of bad lines); items without an id get "line-N"."""
+    items, seen, bad = [], set(), 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = parse_line(line, defaults)
+                if not item.id:
+                    item = Item(f"line-{n}", item.prompt, item.knobs, item.metadata)
+                if item.id in seen:
+                    raise ValueError(f"duplicate id {item.id!r}")
+            except ValueError as e:
+                bad += 1
+                print(f"{path}:{n}: skipped: {e}", file=err)
+                continue
+            seen.add(item.id)
+            items.append(item)
+    return items, bad
+
+
+def done_ids(out_path: Path) -> set[str]:
+    """Ids with an "ok" line in a previous run's output (a torn last line is ignored)."""
+    done: set[str] = set()
+    if not out_path.exists():
+        return done
+    for line in out_path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("status") == "ok":
+            done.add(str(rec.get("id")))
+    return done
+
+
+async def run_item(client: AsyncCelerisClient, item: Item, timeout: Optional[float]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"id": item.id}
+    try:
+        res = await client.generate(item.prompt, timeout=timeout, **item.knobs)
+    except CelerisError as e:
+        rec |= {"status": "error", "error": {"code": e.code.name, "message": e.message, "field_violations": [
+            {"field": v.field, "description": v.description} for v in e.field_violations]}}
+    else:
+        rec |= {"status": "ok", "text": res.text, "finish_reason": res.finish_reason, "seed": res.seed,
+                "steps": res.steps, "usage": {"prompt_tokens": res.usage.prompt_tokens,
+                                              "generated_tokens": res.usage.generated_tokens,
+                                              "forward_passes": res.usage.forward_passes},
+                "request_id": res.request_id}
+    rec["latency_s"] = round(time.perf_counter() - t0, 4)
+    if item.metadata is not None:
+        rec["metadata"] = item.metadata
+    return rec
+
+
+async def run_batch(client: AsyncCelerisClient, in_path: Path, out_path: Path, *, concurrency: int = 4,
+                    defaults: Optional[dict[str, Any]] = None, timeout: Optional[float] = None,
+                    err: Optional[TextIO] = None) -> Summary:
+    err = err or sys.stderr
+    items, bad = read_items(in_path, defaults or {}, err)
+    finished = done_ids(out_path)
+    todo = [it for it in items if it.id not in finished]
+    summary = Summary(total=len(items), skipped=len(items) - len(todo), bad_lines=bad)
+    progress = Progress(len(todo), label="batch ", out=err)
+    queue: asyncio.Queue[Item] = asyncio.Queue()
+    for it in todo:
+        queue.put_nowait(it)
+    t0 = time.perf_counter()
+    with open(out_path, "a+", encoding="utf-8") as out:
+        if out.tell() > 0:  # a run killed mid-write may have left a torn line: start a fresh one
+            out.seek(out.tell() - 1)
+            if out.read(1) != "\n":
+                out.write("\n")
+
+        async def worker() -> None:
+            while not queue.empty():
+                rec = await run_item(client, queue.get_nowait(), timeout)
+                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                out.flush()
+                ok = rec["status"] == "ok"
+                summary.ok += ok
+                summary.failed += not ok
+                summary.latencies.append(rec["latency_s"])
+                summary.tokens += rec["usage"]["generated_tokens"] if ok else 0
+                progress.update(ok)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(todo) or 1)))))
+    summary.wall_s = time.perf_counter() - t0
+    progress.close()
+    return summary

@@ -1,0 +1,179 @@
+"""`celeris generate | batch | bench`: the client commands (dispatched here by server/cli.py).
+
+    celeris generate --server localhost:50051 "Once upon a time" --steps 32
+    celeris batch prompts.jsonl results.jsonl --concurrency 8
+    celeris bench --server localhost:50051 --concurrency 8 --requests 64 --gen-length 64 --steps 32
+
+Never imports engine or torch. `celeris bench --in-process` needs an engine-side backend, which
+the `celeris` dispatcher passes in as `in_process` (see server/bench_inprocess.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import grpc
+
+from clients import batch, bench
+from clients.client import DEFAULT_TARGET, AsyncCelerisClient, CelerisClient
+from clients.errors import CelerisError, RetryPolicy
+from clients.types import REMASKING
+from clients.view import LiveView, snapshot_json
+
+KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
+              ("steps", int, "denoising steps over the whole canvas"),
+              ("block_length", int, "semi-autoregressive block length; must divide --gen-length"),
+              ("temperature", float, "0 = greedy"),
+              ("remasking", str, f"one of {', '.join(REMASKING)}"),
+              ("threshold", float, "confidence-threshold parallel decoding, in (0, 1]"),
+              ("factor", float, "Fast-dLLM factor rule (> 0)"),
+              ("cfg_scale", float, "classifier-free guidance scale"),
+              ("seed", int, "random seed (default: the server picks and reports one)"))
+
+
+def add_connection_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("connection")
+    g.add_argument("--server", default=os.environ.get("CELERIS_SERVER", DEFAULT_TARGET),
+                   help="HOST:PORT of the gRPC server (default: $CELERIS_SERVER or %(default)s)")
+    g.add_argument("--token", default=os.environ.get("CELERIS_API_TOKEN"),
+                   help="bearer token (default: $CELERIS_API_TOKEN)")
+    tls = g.add_mutually_exclusive_group()
+    tls.add_argument("--tls", action="store_true", help="use TLS (default: plaintext for localhost, TLS otherwise)")
+    tls.add_argument("--insecure", action="store_true", help="plaintext, even to a remote host")
+    g.add_argument("--root-certs", type=Path, help="PEM file of root certificates for TLS (implies --tls)")
+    g.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds, retries included")
+    g.add_argument("--retries", type=int, default=4, help="retries on UNAVAILABLE / RESOURCE_EXHAUSTED (default 4)")
+
+
+def add_knob_args(ap: argparse.ArgumentParser, title: str = "sampling (unset: the server's defaults)") -> None:
+    g = ap.add_argument_group(title)
+    for name, typ, help_ in KNOB_FLAGS:
+        g.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
+
+
+def knobs_from_args(a: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(a, name) for name, _, _ in KNOB_FLAGS if getattr(a, name) is not None}
+
+
+def client_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    insecure = True if a.insecure else False if (a.tls or a.root_certs) else None
+    return {"token": a.token, "insecure": insecure, "timeout": a.timeout,
+            "root_certificates": a.root_certs.read_bytes() if a.root_certs else None,
+            "retry": RetryPolicy(max_attempts=1 + max(0, a.retries))}
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    prompt: Any = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
+    knobs = knobs_from_args(a)
+    with CelerisClient(a.server, **client_kwargs(a)) as client:
+        if a.json:
+            for snap in client.stream(prompt, **knobs):
+                print(snapshot_json(snap), flush=True)
+        elif sys.stdout.isatty() and not a.plain:
+            eos = client.model_info().eos_token_id
+            view = LiveView(sys.stdout, color=not os.environ.get("NO_COLOR"), stop_ids=frozenset({eos}))
+            try:
+                for snap in client.stream(prompt, **knobs):
+                    view.draw(snap)
+            finally:
+                view.close()
+        else:
+            print(client.generate(prompt, **knobs).text)
+    return 0
+
+
+def cmd_batch(a: argparse.Namespace) -> int:
+    async def go() -> batch.Summary:
+        async with AsyncCelerisClient(a.server, **client_kwargs(a)) as client:
+            return await batch.run_batch(client, a.input, a.output, concurrency=a.concurrency,
+                                         defaults=knobs_from_args(a), timeout=a.timeout)
+
+    summary = asyncio.run(go())
+    print(summary.describe(), file=sys.stderr)
+    return 0 if summary.failed == 0 and summary.bad_lines == 0 else 1
+
+
+def cmd_bench(a: argparse.Namespace, in_process: Optional[Callable[[argparse.Namespace], Any]] = None) -> int:
+    if a.in_process:
+        if in_process is None:
+            print("celeris bench: --in-process needs the engine; run it through the `celeris` command",
+                  file=sys.stderr)
+            return 2
+        backend = in_process(a)
+    else:
+        backend = bench.GrpcBackend(a.server, **client_kwargs(a))
+    report = asyncio.run(bench.run_bench(backend, concurrency=a.concurrency, requests=a.requests,
+                                         prompt_len=a.prompt_len, knobs=knobs_from_args(a), warmup=a.warmup,
+                                         show_progress=not a.quiet))
+    print(bench.describe(report))
+    if a.report:
+        a.report.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report written to {a.report}")
+    return 0 if report["results"]["failed"] == 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="celeris", description="Celeris client commands.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="one generation, the canvas redrawn live as it refines")
+    g.add_argument("prompt", help="prompt text")
+    g.add_argument("--chat", action="store_true", help="send the prompt as one user message (chat template)")
+    g.add_argument("--json", action="store_true", help="print every snapshot as one JSON line")
+    g.add_argument("--plain", action="store_true", help="print only the final text, even on a terminal")
+    add_connection_args(g)
+    add_knob_args(g)
+
+    b = sub.add_parser("batch", help="one generation per JSONL line, resumable")
+    b.add_argument("input", type=Path, help="input JSONL: {\"id\", \"prompt\" | \"messages\" | \"token_ids\", knobs}")
+    b.add_argument("output", type=Path, help="output JSONL (appended; ids already ok are skipped)")
+    b.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    add_connection_args(b)
+    add_knob_args(b, "default knobs for lines that do not set them")
+
+    bn = sub.add_parser("bench", help="throughput and latency under load")
+    bn.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    bn.add_argument("--requests", type=int, default=32, help="measured requests (default %(default)s)")
+    bn.add_argument("--warmup", type=int, default=1, help="unmeasured requests first (default %(default)s)")
+    bn.add_argument("--prompt-len", type=int, default=32, help="prompt length in tokens (default %(default)s)")
+    bn.add_argument("--report", type=Path, default=Path("bench-report.json"), help="JSON report (default %(default)s)")
+    bn.add_argument("--quiet", action="store_true", help="no progress bar")
+    ip = bn.add_argument_group("in-process (no server: the engine in this process)")
+    ip.add_argument("--in-process", action="store_true", help="drive the engine directly instead of --server")
+    ip.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: embedded celeris-tiny)")
+    ip.add_argument("--device", default="cpu")
+    ip.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ip.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ip.add_argument("--max-batch", type=int, default=None, help="engine batch size (default: --concurrency)")
+    add_connection_args(bn)
+    add_knob_args(bn)
+    return ap
+
+
+def main(argv: Optional[list[str]] = None, in_process: Optional[Callable[[argparse.Namespace], Any]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = build_parser().parse_args(argv)
+    try:
+        if a.command == "generate":
+            return cmd_generate(a)
+        if a.command == "batch":
+            return cmd_batch(a)
+        return cmd_bench(a, in_process)
+    except CelerisError as e:
+        print(f"celeris {a.command}: error: {e.describe()}", file=sys.stderr)
+        return 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1
+    except (ValueError, OSError) as e:  # out-of-range knob values, unreadable files
+        print(f"celeris {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

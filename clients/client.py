@@ -1,0 +1,225 @@
+"""Python client for a Celeris server, sync (`CelerisClient`) and asyncio (`AsyncCelerisClient`).
+
+    with CelerisClient("localhost:50051") as c:
+        print(c.generate("Once upon a time", gen_length=64, steps=32).text)
+        for snap in c.stream("Once upon a time", steps=16):
+            print(snap.step, snap.masked_count, snap.text)
+
+Knobs (all optional, server defaults otherwise): gen_length, steps, block_length, temperature,
+remasking ("low_confidence", "random", "margin", "entropy"), threshold, factor, cfg_scale, seed;
+plus request_id, stream_mode ("every_step", "every_k_steps", "block_complete", "final_only") and
+every_k_steps for `stream`, and timeout (seconds, the whole call including retries).
+
+Retries: UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff and jitter, or
+after the server's RetryInfo delay. A stream is retried only if it failed before its first
+message: a half-delivered stream is never replayed. Importable without torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+from typing import Any, AsyncIterator, Iterator, Optional
+
+import grpc
+
+from celeris.v1 import generation_pb2 as pb
+from celeris.v1 import generation_pb2_grpc as pb_grpc
+from clients.errors import CelerisError, DeadlineExceeded, RetryPolicy, error_from_rpc
+from clients.types import ModelInfo, Prompt, Result, Snapshot, Tokenization, build_request
+
+DEFAULT_TARGET = "localhost:50051"
+
+
+def is_loopback(target: str) -> bool:
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target.rsplit(":", 1)[0] if target.count(":") == 1 or target.startswith("[") else target
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _result(last: Optional[Snapshot]) -> Result:
+    if last is None or not last.done:  # the protocol promises a done=true message; say so if not
+        raise CelerisError(grpc.StatusCode.INTERNAL, "Generate stream ended without its done=true message")
+    return Result.from_snapshot(last)
+
+
+class _Base:
+    """Connection settings and per-call bookkeeping shared by the sync and asyncio clients."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, token: Optional[str] = None,
+                 insecure: Optional[bool] = None, root_certificates: Optional[bytes] = None,
+                 timeout: Optional[float] = None, retry: RetryPolicy = RetryPolicy(),
+                 options: tuple[tuple[str, Any], ...] = ()):
+        """`insecure`: True = plaintext, False = TLS (system roots unless `root_certificates`);
+        None = plaintext for loopback targets without root certificates, TLS otherwise."""
+        self.target, self.timeout, self.retry = target, timeout, retry
+        if insecure is None:
+            insecure = root_certificates is None and is_loopback(target)
+        self.insecure = insecure
+        self._credentials = None if insecure else grpc.ssl_channel_credentials(root_certificates)
+        self._options = list(options)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = self._open_channel()
+        self._stub = pb_grpc.GenerationServiceStub(self._channel)
+
+    def _open_channel(self) -> Any:
+        raise NotImplementedError
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    @staticmethod
+    def _remaining(deadline: Optional[float]) -> Optional[float]:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
+        return left
+
+    def _backoff(self, err: CelerisError, attempt: int, deadline: Optional[float]) -> float:
+        """The wait before the next attempt; re-raises `err` when no retry is due or it can't fit."""
+        delay = self.retry.delay(err, attempt)
+        if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
+            raise err
+        return delay
+
+
+class CelerisClient(_Base):
+    """Blocking client. Use as a context manager, or call close()."""
+
+    def _open_channel(self) -> grpc.Channel:
+        if self.insecure:
+            return grpc.insecure_channel(self.target, options=self._options)
+        return grpc.secure_channel(self.target, self._credentials, options=self._options)
+
+    def __enter__(self) -> CelerisClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _unary(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
+        deadline, attempt = self._deadline(timeout), 1
+        while True:
+            try:
+                return method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+            time.sleep(self._backoff(err, attempt, deadline))
+            attempt += 1
+
+    def model_info(self, *, timeout: Optional[float] = None) -> ModelInfo:
+        return ModelInfo.from_pb(self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout))
+
+    def tokenize(self, text: str, *, chat: bool = False, timeout: Optional[float] = None) -> Tokenization:
+        resp = self._unary(self._stub.Tokenize, pb.TokenizeRequest(text=text, apply_chat_template=chat), timeout)
+        return Tokenization(tuple(resp.ids), tuple(resp.tokens))
+
+    def stream(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Iterator[Snapshot]:
+        """Yield snapshots as the canvas refines; the last one has done=True. Closing the
+        iterator early cancels the request on the server."""
+        request = build_request(prompt, **knobs)
+        deadline, attempt = self._deadline(timeout), 1
+        while True:
+            call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
+            started = False
+            try:
+                for msg in call:
+                    started = True
+                    yield Snapshot.from_pb(msg)
+                return
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+                if started:
+                    raise err from None
+            finally:
+                call.cancel()  # no-op once the stream is complete; frees the server slot otherwise
+            time.sleep(self._backoff(err, attempt, deadline))
+            attempt += 1
+
+    def generate(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Result:
+        """Run one generation and return its final result (only the last message is sent)."""
+        knobs.setdefault("stream_mode", "final_only")
+        last = None
+        for last in self.stream(prompt, timeout=timeout, **knobs):
+            pass
+        return _result(last)
+
+
+class AsyncCelerisClient(_Base):
+    """asyncio client; same methods as CelerisClient, as coroutines / an async iterator. Create it
+    inside the event loop that will use it (grpc.aio binds the channel to the running loop)."""
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        if self.insecure:
+            return grpc.aio.insecure_channel(self.target, options=self._options)
+        return grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+
+    async def __aenter__(self) -> AsyncCelerisClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _unary(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
+        deadline, attempt = self._deadline(timeout), 1
+        while True:
+            try:
+                return await method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+            await asyncio.sleep(self._backoff(err, attempt, deadline))
+            attempt += 1
+
+    async def model_info(self, *, timeout: Optional[float] = None) -> ModelInfo:
+        return ModelInfo.from_pb(await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout))
+
+    async def tokenize(self, text: str, *, chat: bool = False, timeout: Optional[float] = None) -> Tokenization:
+        req = pb.TokenizeRequest(text=text, apply_chat_template=chat)
+        resp = await self._unary(self._stub.Tokenize, req, timeout)
+        return Tokenization(tuple(resp.ids), tuple(resp.tokens))
+
+    async def stream(self, prompt: Prompt, *, timeout: Optional[float] = None,
+                     **knobs: Any) -> AsyncIterator[Snapshot]:
+        """Async-iterate snapshots; leaving the loop early (break, aclose) cancels the request."""
+        request = build_request(prompt, **knobs)
+        deadline, attempt = self._deadline(timeout), 1
+        while True:
+            call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
+            started = False
+            try:
+                async for msg in call:
+                    started = True
+                    yield Snapshot.from_pb(msg)
+                return
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+                if started:
+                    raise err from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(self._backoff(err, attempt, deadline))
+            attempt += 1
+
+    async def generate(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Result:
+        knobs.setdefault("stream_mode", "final_only")
+        last = None
+        async for last in self.stream(prompt, timeout=timeout, **knobs):
+            pass
+        return _result(last)

@@ -1,0 +1,123 @@
+"""Typed client errors and the retry policy.
+
+Every failed call raises a `CelerisError` (or a subclass chosen by status code) carrying the
+status code, the server's message, the google.rpc.BadRequest field violations and the
+google.rpc.RetryInfo delay when the server sent them. `RetryPolicy` decides whether and how long
+to wait before trying again: exponential backoff with full jitter, or the server's RetryInfo
+delay when there is one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class CelerisError(Exception):
+    """A failed RPC: `code` is a grpc.StatusCode; `field_violations` name the bad request fields."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, field_violations: tuple[FieldViolation, ...] = (),
+                 retry_after: Optional[float] = None):
+        self.code, self.message = code, message
+        self.field_violations, self.retry_after = tuple(field_violations), retry_after
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        lines = [f"{self.code.name}: {self.message}"]
+        lines += [f"  {v.field}: {v.description}" for v in self.field_violations]
+        return "\n".join(lines)
+
+
+class InvalidArgument(CelerisError):
+    """The request was rejected; see field_violations."""
+
+
+class Overloaded(CelerisError):
+    """RESOURCE_EXHAUSTED: the queue is full or a rate limit was hit; retry after `retry_after`."""
+
+
+class Unavailable(CelerisError):
+    """The server is loading, draining or unreachable."""
+
+
+class Unauthenticated(CelerisError):
+    """Missing or wrong bearer token."""
+
+
+class DeadlineExceeded(CelerisError):
+    """The call's deadline passed."""
+
+
+_BY_CODE: dict[grpc.StatusCode, type[CelerisError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+}
+
+
+def _rich_status(trailing_metadata) -> Optional[status_pb2.Status]:
+    for key, value in trailing_metadata or ():
+        if key == STATUS_DETAILS_KEY:
+            return status_pb2.Status.FromString(value)
+    return None
+
+
+def error_from_rpc(err: grpc.RpcError) -> CelerisError:
+    """Convert a sync or asyncio RpcError, parsing the google.rpc details in the trailers."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    message = (err.details() if hasattr(err, "details") else None) or str(err)
+    violations: list[FieldViolation] = []
+    retry_after = None
+    status = _rich_status(err.trailing_metadata() if hasattr(err, "trailing_metadata") else None)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            retry_after = info.retry_delay.ToNanoseconds() / 1e9
+    return _BY_CODE.get(code, CelerisError)(code, message, tuple(violations), retry_after)
+
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries for UNAVAILABLE and RESOURCE_EXHAUSTED; attempts include the first call."""
+
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    multiplier: float = 2.0
+    max_retry_after_s: float = 30.0  # a longer server RetryInfo delay is not waited for
+
+    def delay(self, err: CelerisError, attempt: int, rng: random.Random = random._inst) -> Optional[float]:
+        """Seconds to wait before attempt `attempt + 1` (attempt counts from 1), or None to give up."""
+        if err.code not in RETRYABLE or attempt >= self.max_attempts:
+            return None
+        if err.retry_after is not None:
+            if err.retry_after > self.max_retry_after_s:
+                return None
+            return err.retry_after * rng.uniform(1.0, 1.2)  # never earlier than asked; spread the herd
+        cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
+        return rng.uniform(0, cap)  # "full jitter"
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)

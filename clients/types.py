@@ -1,0 +1,180 @@
+"""Plain records the client hands out, converted from the protobuf messages.
+
+Callers never see protobufs: a `Snapshot` is one GenerateResponse (a full canvas, replace not
+append), a `Result` is the last one, and `build_request` turns a prompt and keyword knobs into a
+GenerateRequest. Only this module and `client.py` touch `celeris.v1` messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from celeris.v1 import generation_pb2 as pb
+
+# A prompt is text, already tokenized ids, or a conversation [{"role": ..., "content": ...}].
+Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]]]
+
+REMASKING = {"low_confidence": pb.REMASKING_LOW_CONFIDENCE, "random": pb.REMASKING_RANDOM,
+             "margin": pb.REMASKING_MARGIN, "entropy": pb.REMASKING_ENTROPY}
+REMASKING_NAMES = {v: k for k, v in REMASKING.items()}
+STREAM_MODES = {"every_step": pb.STREAM_MODE_UNSPECIFIED, "every_k_steps": pb.STREAM_MODE_EVERY_K_STEPS,
+                "block_complete": pb.STREAM_MODE_BLOCK_COMPLETE, "final_only": pb.STREAM_MODE_FINAL_ONLY}
+FINISH_REASONS = {pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
+                  pb.FINISH_REASON_CANCELLED: "cancelled"}
+# Knobs that map one to one onto optional GenerateRequest fields.
+SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed")
+KNOBS = (*SCALAR_KNOBS, "remasking")
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    masked: bool
+    committed_this_step: bool
+    confidence: float  # meaningful only when committed_this_step
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    generated_tokens: int  # before the first EOS: the numerator of output tokens/s
+    forward_passes: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One streamed state of the canvas. `step` is 1-based; the last snapshot has done=True."""
+
+    request_id: str
+    step: int
+    total_steps: int
+    block_index: int
+    num_blocks: int
+    text: str  # masked positions shown as the model's mask marker
+    tokens: tuple[Token, ...]
+    committed_positions: tuple[int, ...]  # since the previous snapshot sent
+    committed_confidences: tuple[float, ...]
+    done: bool
+    finish_reason: Optional[str] = None  # "length" | "stop" | "cancelled", last snapshot only
+    usage: Optional[Usage] = None
+    seed: Optional[int] = None
+    elapsed_s: Optional[float] = None
+
+    @property
+    def masked_count(self) -> int:
+        return sum(t.masked for t in self.tokens)
+
+    @classmethod
+    def from_pb(cls, m: pb.GenerateResponse) -> Snapshot:
+        usage = None
+        if m.HasField("usage"):
+            usage = Usage(m.usage.prompt_tokens, m.usage.generated_tokens, m.usage.forward_passes)
+        return cls(
+            request_id=m.request_id, step=m.step, total_steps=m.total_steps, block_index=m.block_index,
+            num_blocks=m.num_blocks, text=m.text,
+            tokens=tuple(Token(t.id, t.text, t.masked, t.committed_this_step, t.confidence) for t in m.tokens),
+            committed_positions=tuple(m.committed_positions),
+            committed_confidences=tuple(m.committed_confidences), done=m.done,
+            finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
+            elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None)
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one generation (the stream's last message)."""
+
+    request_id: str
+    text: str  # the generated text, cut before the first EOS
+    finish_reason: str
+    usage: Usage
+    seed: int
+    steps: int  # denoising steps actually used
+    elapsed_s: float
+    tokens: tuple[Token, ...]
+
+    @classmethod
+    def from_snapshot(cls, s: Snapshot) -> Result:
+        return cls(s.request_id, s.text, s.finish_reason or "length", s.usage or Usage(0, 0, 0), s.seed or 0,
+                   s.step, s.elapsed_s or 0.0, s.tokens)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_tokens: int
+    max_gen_length: int
+    max_batch: int
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class Defaults:
+    gen_length: int
+    steps: int
+    block_length: int
+    temperature: float
+    remasking: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    architecture: str
+    parameter_count: int
+    vocab_size: int
+    mask_token_id: int
+    eos_token_id: int
+    limits: Limits
+    defaults: Defaults
+    dtype: str
+    device: str
+
+    @classmethod
+    def from_pb(cls, m: pb.GetModelInfoResponse) -> ModelInfo:
+        lim, d = m.limits, m.defaults
+        return cls(m.name, m.architecture, m.parameter_count, m.vocab_size, m.mask_token_id, m.eos_token_id,
+                   Limits(lim.max_prompt_tokens, lim.max_gen_length, lim.max_batch, lim.max_queue),
+                   Defaults(d.gen_length, d.steps, d.block_length, d.temperature,
+                            REMASKING_NAMES.get(d.remasking, "unspecified")),
+                   m.dtype, m.device)
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    ids: tuple[int, ...]
+    tokens: tuple[str, ...]
+
+
+def _set_input(req: pb.GenerateRequest, prompt: Prompt) -> None:
+    if isinstance(prompt, str):
+        req.prompt = prompt
+    elif prompt and all(isinstance(m, Mapping) for m in prompt):
+        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m.get("content", "")) for m in prompt)
+    elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.token_ids.ids.extend(prompt)  # an empty list is sent as is; the server names the field
+    else:
+        raise TypeError("prompt must be a str, a sequence of token ids, or a list of {role, content} messages")
+
+
+def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "every_step",
+                  every_k_steps: int = 0, **knobs: Any) -> pb.GenerateRequest:
+    """A GenerateRequest; knobs left out or None take the server's defaults."""
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise TypeError(f"unknown generation knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOBS)}")
+    if stream_mode not in STREAM_MODES:
+        raise ValueError(f"stream_mode must be one of {', '.join(STREAM_MODES)}, got {stream_mode!r}")
+    req = pb.GenerateRequest(request_id=request_id)
+    _set_input(req, prompt)
+    for name in SCALAR_KNOBS:
+        if knobs.get(name) is not None:
+            setattr(req, name, knobs[name])
+    remasking = knobs.get("remasking")
+    if remasking is not None:
+        if remasking not in REMASKING:
+            raise ValueError(f"remasking must be one of {', '.join(REMASKING)}, got {remasking!r}")
+        req.remasking = REMASKING[remasking]
+    req.stream_options.mode = STREAM_MODES[stream_mode]
+    req.stream_options.every_k_steps = every_k_steps
+    return req

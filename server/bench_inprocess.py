@@ -1,0 +1,65 @@
+"""The engine side of `celeris bench --in-process`: the same load, with no transport in the way.
+
+`clients/bench.py` owns the load pattern, the timing and the report but must not import the
+engine (DESIGN.md: clients never import engine or server, never pull in torch). So the `celeris`
+dispatcher (server/cli.py, the one module that sees both sides) passes `InProcessBackend` to
+`clients.cli.main` when `--in-process` is given. The backend loads the model, runs a Scheduler in
+this process and submits Sequences directly: figures without gRPC, protobuf or network, to set
+beside a server bench on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable, Optional
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.scheduler import Scheduler
+
+FILLER = "The quick brown fox jumps over the lazy dog while the sea rolls in under a grey sky. "
+
+
+class InProcessBackend:
+    """Implements clients.bench.BenchBackend over an LLM and a Scheduler in this process."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.args = a
+        self.llm: Optional[LLM] = None
+        self.scheduler: Optional[Scheduler] = None
+
+    async def open(self) -> dict[str, Any]:
+        import torch
+
+        a = self.args
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        gen = a.gen_length or 0
+        cfg = EngineConfig(device=a.device, dtype=a.dtype, max_batch=a.max_batch or a.concurrency,
+                           max_queue=max(64, a.requests + a.warmup), max_gen_length=max(512, gen),
+                           max_prompt_tokens=max(512, a.prompt_len))
+        self.llm = LLM.load(a.model, cfg)
+        self.scheduler = Scheduler(self.llm.loop)
+        self.scheduler.start()
+        d = self.llm.defaults
+        return {"server": "in-process", "model": self.llm.name, "architecture": self.llm.model_config.arch,
+                "parameters": self.llm.parameter_count, "dtype": cfg.dtype, "device": cfg.device,
+                "threads": torch.get_num_threads(), "max_batch": cfg.max_batch,
+                "defaults": {"gen_length": d.gen_length, "steps": d.steps, "block_length": d.block_length,
+                             "temperature": d.temperature, "remasking": d.remasking}}
+
+    async def prompt_ids(self, n: int) -> list[int]:
+        chunk = self.llm.tokenizer.encode(FILLER * 8)
+        return (chunk * (n // max(1, len(chunk)) + 1))[:n]
+
+    async def run(self, prompt_ids: list[int], knobs: dict[str, Any], first: Callable[[], None]) -> tuple[int, int]:
+        params = dataclasses.replace(self.llm.defaults, **knobs)
+        seq = self.llm.request(prompt_ids, params)
+        async for _ in self.scheduler.generate(seq):
+            first()
+        return len(seq.generated()), seq.nfe
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.stop()

@@ -1,0 +1,253 @@
+"""OpenAI-compatible HTTP gateway and the web page, in the gRPC server's process and event loop.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health, and
+GET / (the web page, clients/web/index.html). Requests go to the same Scheduler as gRPC, so both
+front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
+openai_responses.py (bodies, SSE chunks); this module is transport only: auth, rate limit,
+draining, streaming, and cancelling a request whose client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import importlib.util
+import json
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+
+import structlog
+from aiohttp import web
+
+from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, Unavailable
+from engine.llm import LLM
+from engine.scheduler import Scheduler
+from engine.sequence import StepEvent
+from server import openai_api
+from server.convert import MAX_REQUEST_ID
+from server.interceptors import RateLimitInterceptor
+from server.openai_responses import Responder, sse
+
+log = structlog.get_logger("celeris.http")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PUBLIC_PATHS = ("/", "/health")  # no token needed: the page asks for one, probes have none
+
+
+def web_page_path() -> Path:
+    """clients/web/index.html, located without importing the clients package."""
+    spec = importlib.util.find_spec("clients")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    return Path(roots[0] if roots else Path(__file__).parent.parent / "clients") / "web" / "index.html"
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """One bound socket, so port 0 yields one port. "[::]" (the gRPC default) means dual-stack,
+    IPv4 included; where IPv6 is off it falls back to 0.0.0.0."""
+    host = host.strip("[]")
+    if host in ("", "::"):
+        candidates = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")]
+    else:
+        candidates = [(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0], host)]
+    error: OSError = OSError(f"cannot bind {host}:{port}")
+    for family, addr in candidates:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if family == socket.AF_INET6 and addr == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr, port))
+        except OSError as e:
+            sock.close()
+            error = e
+            continue
+        sock.setblocking(False)
+        return sock
+    raise error
+
+
+def error_json(exc: BaseException) -> web.Response:
+    status, body, headers = openai_api.error_response(exc)
+    return web.json_response(body, status=status, headers=headers)
+
+
+class HttpGateway:
+    def __init__(self, llm: LLM, scheduler: Scheduler, settings: Any, health: Any = None):
+        """`settings` is server.app.ServerSettings; `health` (server.health.Health) drives /health."""
+        self.llm, self.scheduler, self.settings, self.health = llm, scheduler, settings, health
+        self.port = 0
+        self.draining = False
+        self._runner: Optional[web.AppRunner] = None
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        rate = getattr(settings, "rate_limit", 0.0)
+        self._limiter = RateLimitInterceptor(rate, settings.rate_burst) if rate > 0 else None
+        self._page = b""
+        self._created = int(time.time())
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._access_log, self._guard],
+                              client_max_size=self.settings.max_request_bytes)
+        app.router.add_get("/", self.page)
+        app.router.add_get("/health", self.healthz)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        return app
+
+    async def start(self, port: int) -> None:
+        self._page = web_page_path().read_bytes()
+        # handler_cancellation: a client that disconnects cancels its handler, hence its request.
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        sock = _listening_socket(self.settings.host, port)
+        await web.SockSite(self._runner, sock).start()
+        self.port = sock.getsockname()[1]
+        log.info("http.started", port=self.port)
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new generations (503), give in-flight ones `grace` seconds, then close."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except asyncio.TimeoutError:
+            log.warning("http.grace_expired", inflight=self._inflight)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _access_log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        t0, status = time.perf_counter(), 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as e:
+            status = e.status
+            code = "not_found" if e.status == 404 else None
+            body = openai_api.error_body(e.reason, "invalid_request_error", None, code)
+            return web.json_response(body, status=e.status)
+        except asyncio.CancelledError:
+            status = 499  # the client went away
+            raise
+        finally:
+            log.info("http", method=request.method, path=request.path, status=status, peer=request.remote,
+                     duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Auth, rate limit and draining, before any work; engine errors become OpenAI errors."""
+        if request.path in PUBLIC_PATHS:
+            return await handler(request)
+        token = self.settings.api_token
+        got = request.headers.get("Authorization", "")
+        if token and not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            body = openai_api.error_body("missing or invalid bearer token (header 'Authorization: Bearer ...')",
+                                         "invalid_request_error", None, "invalid_api_key")
+            return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
+        try:
+            if self._limiter is not None:
+                wait = self._limiter.allow(got or request.headers.get("X-Forwarded-For") or request.remote or "")
+                if wait is not None:
+                    raise Overloaded(f"rate limit of {self._limiter.rate:g} requests/s exceeded", wait)
+            if request.method == "POST" and (self.draining or not self.scheduler.accepting):
+                raise Unavailable("server is draining; retry on another replica")
+            return await handler(request)
+        except EngineError as e:
+            return error_json(e)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # a bug: still answer in OpenAI's error shape, and log it loudly
+            log.exception("http.internal_error", path=request.path)
+            return error_json(e)
+
+    # ------------------------------------------------------------------ routes
+
+    async def page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._page, content_type="text/html", charset="utf-8")
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        serving = (self.health.serving if self.health is not None else True) and not self.draining
+        body = {"status": "serving" if serving else "not_serving", "model": self.llm.name,
+                "running": self.scheduler.running, "queued": self.scheduler.queued}
+        return web.json_response(body, status=200 if serving else 503)
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.llm.name, "object": "model", "created": self._created, "owned_by": "celeris"}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        if request.match_info["model"] != self.llm.name:
+            body = openai_api.error_body(f"model {request.match_info['model']!r} not found; this server serves "
+                                         f"{self.llm.name!r}", "invalid_request_error", "model", "model_not_found")
+            return web.json_response(body, status=404)
+        return web.json_response(self._model_card())
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.complete(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.complete(request, chat=True)
+
+    async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        if len(rid) > MAX_REQUEST_ID:
+            raise InvalidRequest([FieldViolation("X-Request-Id", f"at most {MAX_REQUEST_ID} characters")])
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InvalidRequest([FieldViolation("body", f"not valid JSON: {e}")]) from None
+        req = None
+        try:
+            req = openai_api.parse_request(body, self.llm.defaults, chat)
+            seq = self.llm.request(req.prompt, req.params, messages=req.messages, request_id=rid)
+        except InvalidRequest as e:
+            raise openai_api.rename_fields(e, req) from None
+        self._inflight += 1
+        self._idle.clear()
+        events = self.scheduler.generate(seq)
+        try:
+            first = await anext(events, None)  # admission errors (queue full, draining) surface here
+            if first is None:
+                raise Unavailable("the request was dropped before its first step (server stopping)")
+            responder = Responder(chat, rid, self.llm.name, self.llm.tokenizer, seq)
+            if req.stream:
+                return await self._stream(request, responder, req.diffusing, first, events)
+            last = first
+            async for last in events:
+                pass
+            return web.json_response(responder.final(last), headers={"X-Request-Id": rid})
+        finally:
+            await events.aclose()  # frees the scheduler slot if we leave early (disconnect, error)
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    async def _stream(self, request: web.Request, responder: Responder, diffusing: bool, first: StepEvent,
+                      events: AsyncIterator[StepEvent]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no", "X-Request-Id": responder.request_id})
+        await resp.prepare(request)
+        ev: Optional[StepEvent] = first
+        try:
+            while ev is not None:
+                chunk = responder.diffusing_chunk(ev) if diffusing else responder.plain_chunk(ev)
+                if chunk is not None:
+                    await resp.write(sse(chunk))
+                ev = await anext(events, None)
+            await resp.write(sse("[DONE]"))
+            await resp.write_eof()
+        except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
+            log.info("http.client_gone", request_id=responder.request_id)
+        return resp

@@ -1,0 +1,109 @@
+"""OpenAI-shaped response bodies and server-sent-event chunks built from engine StepEvents.
+
+Streaming has two modes:
+- plain (`stream: true`): append-only text deltas, as OpenAI clients expect. A diffusion model
+  has no left-to-right order, but a finished block never changes, so each completed block's new
+  text is sent as a delta and the final chunk carries the rest, finish_reason and usage.
+- diffusing (`stream: true, diffusing: true`): every event carries the whole canvas as text (replace,
+  not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
+  so, with step / block counters and each position's state for live views such as the web page.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+from engine.sequence import FinishReason, Sequence, StepEvent
+from engine.tokenizer import Tokenizer
+
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
+
+
+def usage(seq: Sequence) -> dict[str, Any]:
+    gen = len(seq.generated())
+    return {"prompt_tokens": len(seq.prompt), "completion_tokens": gen, "total_tokens": len(seq.prompt) + gen,
+            "forward_passes": seq.nfe}
+
+
+def sse(data: Any) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+class Responder:
+    """Builds the bodies of one request: ids, model name and creation time are shared by all."""
+
+    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, seq: Sequence):
+        self.chat, self.model, self.tok, self.seq, self.request_id = chat, model, tok, seq, request_id
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.created = int(time.time())
+        self.sent = ""  # text already streamed in plain mode
+        self.first = True
+
+    def _envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
+        obj = "chat.completion" + (".chunk" if chunk else "") if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _choice(self, text: str, finish: Optional[str], chunk: bool) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if not chunk:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        delta: dict[str, Any] = {"content": text}
+        if self.first:
+            delta["role"] = "assistant"
+            self.first = False
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def final(self, ev: StepEvent) -> dict[str, Any]:
+        """The non-streaming response."""
+        text = self.tok.decode(self.seq.generated())
+        body = self._envelope([self._choice(text, self._finish(ev), chunk=False)], chunk=False)
+        return body | {"usage": usage(self.seq), "celeris": {"seed": self.seq.params.seed, "steps": self.seq.nfe}}
+
+    def _finish(self, ev: StepEvent) -> Optional[str]:
+        return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
+
+    def _chunk(self, text: str, ev: StepEvent, extra: Optional[dict] = None) -> dict[str, Any]:
+        body = self._envelope([self._choice(text, self._finish(ev), chunk=True)], chunk=True)
+        if extra:
+            body["celeris"] = extra
+        if ev.finished:
+            body["usage"] = usage(self.seq)
+        return body
+
+    def plain_chunk(self, ev: StepEvent) -> Optional[dict[str, Any]]:
+        """The next append-only delta, or None when nothing new is final yet."""
+        if not (ev.block_complete or ev.finished):
+            return None
+        end = len(ev.canvas) if ev.finished else (ev.block + 1) * self.seq.params.block_length
+        ids = []
+        for t in ev.canvas[:end]:
+            if t in self.tok.stop_ids or t == self.tok.mask_id:
+                break
+            ids.append(t)
+        text = self.tok.decode(ids)
+        # A prefix can decode differently once more bytes follow (a split UTF-8 character): hold it back.
+        if not text.startswith(self.sent) or (text.endswith("\ufffd") and not ev.finished):
+            return self._chunk("", ev) if ev.finished else None
+        delta, self.sent = text[len(self.sent):], text
+        return self._chunk(delta, ev) if delta or ev.finished else None
+
+    def diffusing_chunk(self, ev: StepEvent) -> dict[str, Any]:
+        """A full snapshot of the canvas (replace, not append)."""
+        mask, stops, new = self.tok.mask_id, self.tok.stop_ids, set(ev.committed)
+        visible = list(ev.canvas)
+        first_stop = next((i for i, t in enumerate(visible) if t in stops), len(visible))
+        cells = [{"text": self.tok.token_text(t), "new": i in new,
+                  "state": "masked" if t == mask else "stop" if i >= first_stop else "token"}
+                 for i, t in enumerate(ev.canvas)]
+        text = self.tok.decode(self.seq.generated()) if ev.finished else self.tok.render(visible[:first_stop])
+        extra = {"replace": True, "step": ev.step + 1, "total_steps": self.seq.params.steps, "block": ev.block,
+                 "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
+                 "committed": len(new), "done": ev.finished, "tokens": cells}
+        if ev.finished:
+            extra["seed"] = self.seq.params.seed
+        return self._chunk(text, ev, extra)

@@ -1,0 +1,111 @@
+"""The web page at `/`, in a real headless Chromium: the canvas must visibly refine.
+
+Chromium comes from Debian (scripts/setup.sh installs `chromium chromium-driver` when missing).
+The browser test skips only where Chromium cannot be had; under CI it fails instead, so a
+missing install can never pass silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.request
+
+import pytest
+
+from tests.integration.live_server import live_server
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1280,900")
+# Installed before clicking: records the canvas after every DOM change the page makes.
+OBSERVE = """
+window.seen = [];
+const canvas = document.getElementById('canvas');
+new MutationObserver(() => window.seen.push({
+  masked: canvas.querySelectorAll('.tok.masked').length,
+  fresh: canvas.querySelectorAll('.tok.new').length,
+  text: canvas.textContent,
+})).observe(canvas, {childList: true});
+"""
+
+
+@pytest.fixture
+def live(tiny_llm):
+    with live_server(tiny_llm) as s:
+        yield s
+
+
+@pytest.fixture
+def browser(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        chromium = None
+    if not chromium or not driver_path:
+        if os.environ.get("CI"):
+            pytest.fail("chromium / chromedriver / selenium missing in CI: scripts/setup.sh should install them")
+        pytest.skip("chromium and chromedriver are not installed (scripts/setup.sh installs them)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_script_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_page_is_served_without_a_token(tiny_llm):
+    with live_server(tiny_llm, api_token="s3cret") as s:
+        resp = urllib.request.urlopen(s.http_url + "/")
+        page = resp.read().decode()
+    assert resp.headers["Content-Type"].startswith("text/html")
+    assert 'id="canvas"' in page and "/v1/completions" in page and "diffusing: true" in page
+
+
+def fill(driver, field: str, value: str) -> None:
+    el = driver.find_element("id", field)
+    el.clear()
+    el.send_keys(value)
+
+
+def test_browser_shows_the_canvas_refining(live, browser):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(live.http_url + "/")
+    WebDriverWait(browser, 30).until(lambda d: "model" in d.find_element("id", "model").text)
+    browser.find_element("xpath", "//input[@value='completion']/..").click()  # the segmented control's label
+    fill(browser, "prompt", "It is a truth universally")
+    for field, value in (("max_tokens", "32"), ("steps", "16"), ("block_length", "16"), ("seed", "7")):
+        fill(browser, field, value)
+    browser.execute_script(OBSERVE)
+    browser.find_element("id", "go").click()
+    WebDriverWait(browser, 60).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                     in ("done", "error"))
+    assert browser.find_element("id", "error").text == ""
+    seen = browser.execute_script("return window.seen")
+    frames = browser.execute_script("return window.celerisFrames")
+
+    # Intermediate snapshots with masked positions were on screen before the final text.
+    assert len(seen) == len(frames) >= 3
+    assert seen[0]["masked"] > 0 and seen[0]["fresh"] > 0
+    assert [f["masked"] for f in seen] == sorted((f["masked"] for f in seen), reverse=True)
+    assert seen[-1]["masked"] == 0 and "\u2592" in seen[0]["text"] and "\u2592" not in seen[-1]["text"]
+    assert [f["step"] for f in frames] == list(range(1, len(frames) + 1)) and frames[-1]["done"]
+
+    body = {"prompt": "It is a truth universally", "max_tokens": 32, "steps": 16, "block_length": 16, "seed": 7}
+    req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    final = json.loads(urllib.request.urlopen(req).read())
+    assert seen[-1]["text"] == final["choices"][0]["text"]  # the page ends on the final text
+    tokens = final["usage"]["completion_tokens"]
+    stats = browser.find_element("id", "final").text
+    assert f"{tokens} tokens" in stats and "finished:" in stats and "seed 7" in stats
+    assert browser.find_element("id", "step").text == f"{frames[-1]['step']}/16"

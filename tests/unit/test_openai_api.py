@@ -1,0 +1,86 @@
+"""OpenAI request parsing, schedule fitting and the HTTP error table (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
+from engine.params import SamplingParams
+from server.openai_api import fit_schedule, error_response, parse_request, rename_fields
+
+D = SamplingParams(gen_length=64, steps=64, block_length=32)
+
+
+def parse(body, chat=False):
+    return parse_request(body, D, chat)
+
+
+@pytest.mark.parametrize("gen, expected", [(64, (32, 64)), (16, (16, 16)), (96, (32, 96)), (40, (20, 40)),
+                                           (37, (37, 37)), (1, (1, 1))])
+def test_fit_schedule_keeps_the_defaults_shape(gen, expected):
+    block, steps = fit_schedule(gen, D)
+    assert (block, steps) == expected
+    assert gen % block == 0 and steps % (gen // block) == 0  # always valid for SamplingParams
+    SamplingParams(gen_length=gen, steps=steps, block_length=block).validate(512)
+
+
+def test_fit_schedule_halves_steps_like_the_defaults():
+    assert fit_schedule(32, SamplingParams(gen_length=64, steps=32, block_length=32)) == (32, 16)
+    assert fit_schedule(64, D, block=8) == (8, 64)
+
+
+def test_completion_fields_map_to_sampling_params():
+    r = parse({"prompt": "hi", "max_tokens": 16, "temperature": 0.5, "seed": 3, "stream": True,
+               "diffusing": True, "threshold": 0.9, "remasking": "margin"})
+    p = r.params
+    assert (p.gen_length, p.block_length, p.steps, p.temperature, p.seed) == (16, 16, 16, 0.5, 3)
+    assert (p.threshold, p.remasking, r.stream, r.diffusing, r.chat) == (0.9, "margin", True, True, False)
+    assert parse({"prompt": ["one"]}).prompt == "one" and parse({"prompt": [1, 2]}).prompt == [1, 2]
+    untouched = parse({"prompt": "x"}).params
+    assert untouched == D
+
+
+def test_explicit_diffusion_fields_win_over_fitting():
+    p = parse({"prompt": "x", "max_tokens": 32, "block_length": 8, "steps": 8}).params
+    assert (p.gen_length, p.block_length, p.steps) == (32, 8, 8)
+    p = parse({"prompt": "x", "max_tokens": 32, "block_length": 8}).params
+    assert (p.block_length, p.steps) == (8, 32)
+
+
+def test_chat_messages_and_max_completion_tokens():
+    r = parse({"messages": [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+               "max_completion_tokens": 8}, chat=True)
+    assert r.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert r.params.gen_length == 8 and r.length_param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("body, chat, param", [
+    ({"prompt": "x", "max_tokens": "many"}, False, "max_tokens"),
+    ({"prompt": "x", "temperature": True}, False, "temperature"),
+    ({"prompt": "x", "n": 2}, False, "n"),
+    ({"prompt": "x", "stop": ["\n"]}, False, "stop"),
+    ({"prompt": ["a", "b"]}, False, "prompt"),
+    ({"prompt": "x", "diffusing": True}, False, "diffusing"),
+    ({"messages": []}, True, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, True, "messages[0].role"),
+])
+def test_bad_fields_are_named(body, chat, param):
+    with pytest.raises(InvalidRequest) as e:
+        parse(body, chat)
+    assert e.value.violations[0].field == param
+
+
+def test_engine_field_names_become_openai_params():
+    req = parse({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 8}, chat=True)
+    renamed = rename_fields(InvalidRequest([FieldViolation("gen_length", "too long")]), req)
+    assert renamed.violations[0].field == "max_completion_tokens"
+
+
+def test_error_table():
+    status, body, _ = error_response(InvalidRequest([FieldViolation("max_tokens", "too big")]))
+    assert status == 400 and body["error"]["param"] == "max_tokens" and body["error"]["type"] == "invalid_request_error"
+    status, body, headers = error_response(Overloaded("queue full", retry_after_s=2.5))
+    assert status == 429 and headers["Retry-After"] == "3" and body["error"]["code"] == "rate_limit_exceeded"
+    assert error_response(Unavailable("draining"))[0] == 503
+    assert error_response(RuntimeError("bug"))[0] == 500
