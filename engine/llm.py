@@ -12,7 +12,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Optional, Sequence as Seq, Union
+from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
@@ -134,7 +134,7 @@ class LLM:
     # ------------------------------------------------------------------ offline
 
     def generate(self, prompts: Seq[Prompt], params: Optional[SamplingParams] = None,
-                 on_event: Optional[callable] = None) -> list[Result]:
+                 on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
         """Run prompts to completion, batched step by step like the server does."""
         params = params or self.defaults
         seqs = [self.request(p, params) for p in prompts]

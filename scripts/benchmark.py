@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import platform
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, replace

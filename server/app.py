@@ -23,7 +23,7 @@ from celeris.v1 import generation_pb2, generation_pb2_grpc
 from engine.llm import LLM
 from engine.params import SamplingParams
 from engine.scheduler import Scheduler
-from server.health import SERVICE_NAME, Health
+from server.health import Health
 from server.interceptors import AccessLogInterceptor, AuthInterceptor, RateLimitInterceptor
 from server.servicer import GenerationServicer
 from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider

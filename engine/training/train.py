@@ -33,7 +33,9 @@ def model_config(vocab_size: int, small: bool = False) -> ModelConfig:
         return ModelConfig(d_model=64, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
                            vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
                            eos_token_id=data.EOS_ID, max_sequence_length=1024, name="celeris-tiny")
-    return ModelConfig(d_model=256, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=768,
+    # Small and fast on purpose: on 2 CPU cores, optimizer steps matter more than width (a
+    # 128-wide model reached lower held-out loss than a 192-wide one in the same number of steps).
+    return ModelConfig(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384,
                        vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
                        eos_token_id=data.EOS_ID, rope_theta=10000.0, max_sequence_length=1024, name="celeris-tiny")
 
@@ -74,10 +76,10 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(out: Path, steps: int = 4000, seed: int = 0, vocab_size: int = 2048, seq_len: int = 128,
-          batch: int = 32, skill_batch: int = 256, skill_every: int = 4, lr: float = 2e-3,
+def train(out: Path, steps: int = 20_000, seed: int = 0, vocab_size: int = 1024, seq_len: int = 64,
+          batch: int = 32, skill_batch: int = 256, skill_every: int = 3, lr: float = 2e-3,
           small: bool = False, cache_dir: Path = Path.home() / ".cache" / "celeris", threads: int = 2,
-          checkpoint_every: int = 500) -> dict:
+          checkpoint_every: int = 2000) -> dict:
     """Deterministic for a given seed and step count (the wall clock never decides anything)."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_train_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, required=True, help="output model folder")
-    ap.add_argument("--steps", type=int, default=4000, help="optimizer steps (default %(default)s, ~45 min on 2 cores)")
+    ap.add_argument("--steps", type=int, default=20_000, help="optimizer steps (default %(default)s, ~40 min on 2 cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="a toy-size model (smoke tests)")
