@@ -128,7 +128,8 @@ class EngineConfig:
     max_queue: int = 64  # admitted-but-waiting requests; beyond this, submit() raises Overloaded
     max_prompt_tokens: int = 512
     max_gen_length: int = 512
-    length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    # Fine at the short end, where padding would otherwise dominate a step's compute.
+    length_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graphs: bool = True  # only used on CUDA
     kv_cache: Literal["none", "prefix", "dual"] = "none"

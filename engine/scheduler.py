@@ -220,6 +220,7 @@ class Scheduler:
             if self.core.idle:
                 self._wake.clear()
                 await self._wake.wait()
+                await asyncio.sleep(0)  # let requests that arrived together join the same step
                 continue
             try:
                 events, record = await loop.run_in_executor(self._executor, self.core.step)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import time
@@ -152,10 +153,12 @@ def run_grpc(llm: LLM, prompts, params, pairs, counter: FlopCounter, concurrency
     from celeris.v1 import generation_pb2 as pb
     from celeris.v1 import generation_pb2_grpc as pb_grpc
     from server.app import ServerSettings, create_server
+    from server.telemetry import configure_logging
 
     run = Run("grpc", "skill" if pairs else "text")
 
     async def main() -> list[str]:
+        configure_logging(json_logs=True, stream=open(os.devnull, "w"))  # logs on, as JSON, to a sink
         server, port = await create_server(llm, ServerSettings(host="127.0.0.1", port=0, drain_seconds=0))
         texts: list[str] = [""] * len(prompts)
         queue = list(enumerate(prompts))

@@ -33,15 +33,15 @@ from engine.sequence import StepEvent
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-def configure_logging(json_logs: Optional[bool] = None, level: str = "INFO") -> None:
-    """JSON to stdout, or a console renderer when stdout is a terminal."""
+def configure_logging(json_logs: Optional[bool] = None, level: str = "INFO", stream=None) -> None:
+    """JSON to stdout (or `stream`), or a console renderer when stdout is a terminal."""
     json_logs = (not sys.stdout.isatty()) if json_logs is None else json_logs
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso", utc=True), renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(), cache_logger_on_first_use=False)
+        logger_factory=structlog.PrintLoggerFactory(stream), cache_logger_on_first_use=False)
 
 
 def make_tracer_provider(exporter: str = "auto", extra: Optional[SpanExporter] = None) -> TracerProvider:
