@@ -107,13 +107,14 @@ class LLM:
         violations: list[FieldViolation] = []
         params = params or self.defaults
         ids: list[int] = []
-        for check in (lambda: self.encode_prompt(prompt, messages), lambda: params.validate(self.config.max_gen_length)):
-            try:
-                out = check()
-            except InvalidRequest as e:
-                violations += e.violations
-            else:
-                ids = out if isinstance(out, list) else ids
+        try:
+            ids = self.encode_prompt(prompt, messages)
+        except InvalidRequest as e:
+            violations += e.violations
+        try:
+            params.validate(self.config.max_gen_length)
+        except InvalidRequest as e:
+            violations += e.violations
         if violations:
             raise InvalidRequest(violations)
         return self.sequence(ids, params, request_id)

@@ -92,10 +92,10 @@ class Sequence:
             self.canvas[self.block_start + pos] = tok
         self.nfe += 1
         self.step_in_block += 1
-        block_slice = self.canvas[self.block_start:self.block_start + p.block_length]
-        block_done = self.mask_id not in block_slice and (p.adaptive or self.step_in_block >= p.steps_per_block)
-        if not p.adaptive and self.step_in_block >= p.steps_per_block:
-            block_done = True  # the schedule commits the whole block in steps_per_block steps
+        if p.adaptive:  # threshold / factor: a block ends when no mask is left in it
+            block_done = self.mask_id not in self.canvas[self.block_start:self.block_start + p.block_length]
+        else:  # the fixed schedule commits the whole block in steps_per_block steps
+            block_done = self.step_in_block >= p.steps_per_block
         event_block = self.block
         if block_done:
             if p.stop_at_eos and any(t in self.stop_ids for t in self.canvas[:self.block_start + p.block_length]):
