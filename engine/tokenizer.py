@@ -70,6 +70,15 @@ class Tokenizer:
         ids = [i for i in ids if not (skip_special and i in self._special)]
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
+    def until_stop(self, ids: Iterable[int]) -> list[int]:
+        """Generated ids up to (without) the first stop token or still-masked position."""
+        out = []
+        for i in ids:
+            if i in self.stop_ids or i == self.mask_id:
+                break
+            out.append(i)
+        return out
+
     def token_text(self, token_id: int) -> str:
         if token_id == self.mask_id:
             return MASK_MARKER

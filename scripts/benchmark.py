@@ -119,12 +119,7 @@ def run_naive(llm: LLM, prompts, params, pairs, counter: FlopCounter) -> Run:
     for p in prompts:
         ids = torch.tensor([llm.encode_prompt(p)])
         canvas, nfe = reference_generate(fwd, ids, params, llm.tokenizer.mask_id, stop_ids=llm.tokenizer.stop_ids)
-        gen = canvas[0, ids.shape[1]:].tolist()
-        out = []
-        for t in gen:
-            if t in llm.tokenizer.stop_ids:
-                break
-            out.append(t)
+        out = llm.tokenizer.until_stop(canvas[0, ids.shape[1]:].tolist())
         run.tokens += len(out)
         texts.append(llm.tokenizer.decode(out))
     run.seconds = time.perf_counter() - t0

@@ -53,7 +53,7 @@ def skill_accuracy(llm, name: str, params: SamplingParams, pairs: list[tuple[str
         attn = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
         canvas, nfe = reference_generate(lambda x, m: llm.model(x, key_mask=None if m is None else m.bool()),
                                          batch, params, llm.tokenizer.mask_id, attention_mask=attn)
-        answers = [_cut(row[width:].tolist(), llm.tokenizer) for row in canvas]
+        answers = [llm.tokenizer.decode(llm.tokenizer.until_stop(row[width:].tolist())) for row in canvas]
         passes = float(nfe)
     else:
         results = llm.generate([p for p, _ in pairs], params)
@@ -61,15 +61,6 @@ def skill_accuracy(llm, name: str, params: SamplingParams, pairs: list[tuple[str
         passes = sum(r.steps for r in results) / len(results)
     correct = sum(skill.is_correct(p, a) for (p, _), a in zip(pairs, answers))
     return DecoderScore(name, correct / len(pairs), passes, time.perf_counter() - t0)
-
-
-def _cut(ids: list[int], tok) -> str:
-    out = []
-    for i in ids:
-        if i in tok.stop_ids or i == tok.mask_id:
-            break
-        out.append(i)
-    return tok.decode(out)
 
 
 @torch.no_grad()
