@@ -132,7 +132,7 @@ class BlockRunner:
             pos=start[:, None] + torch.arange(Wq, device=dev)[None, :],
             sampling=any(q.temperature > 0 for q in p), any_random=any(q.remasking == "random" for q in p),
             factor_rule=ints([FACTOR_RULE_CODE[q.factor_rule] for q in p]), conf_dtype=torch.float32,
-            x0_from_probs=True, block_threshold=True)
+            x0_from_probs=True, block_threshold=True, mask_id=self.mask_id)
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             commit = topk_commit(conf, candidate, n_commit.tolist(), [0.0] * B,
                                  [(s.params.block_length, 0) for s in rows])
