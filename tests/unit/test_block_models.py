@@ -174,3 +174,19 @@ def test_celeris_run_json_equals_the_published_loop(tmp_path, kind):
         ref = llada2_generate(model, ids, 16, 4, 4, threshold=0.3, mask_id=MASK_ID, eos_id=EOS_ID).ids
     assert MASK_ID not in ref[:16]  # the comparison's precondition (see test_block_serving)
     assert got["token_ids"] == cut(ref, 16) and got["kv_cache"] == "exact"
+
+
+def test_seeded_sampling_reproduces_alone_and_batched(sdar_dir):
+    llm = engine(sdar_dir)
+    params = dict(gen_length=16, block_length=4, steps=8, temperature=0.8, stop_at_eos=False)
+    seqs = [llm.sequence(p, SamplingParams(seed=7, **params)) for p in PROMPTS]
+    for s in seqs:
+        llm.loop.add(s)
+    llm.loop.run_to_completion()
+    alone = llm.sequence(PROMPTS[1], SamplingParams(seed=7, **params))
+    other = llm.sequence(PROMPTS[1], SamplingParams(seed=8, **params))
+    for s in (alone, other):
+        llm.loop.add(s)
+    llm.loop.run_to_completion()
+    assert alone.canvas == seqs[1].canvas
+    assert other.canvas != alone.canvas
