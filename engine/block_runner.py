@@ -114,6 +114,12 @@ class BlockRunner:
         t = lambda x: torch.tensor(x, device=self.device)  # noqa: E731
         self.kv.write_columns(t(slot_idx), t(col_idx), t(row_idx), t(w_idx), kvs)
 
+    def _filters(self, p) -> dict:
+        if not any(q.top_k > 0 or q.top_p < 1 for q in p):
+            return {}
+        return {"top_k": torch.tensor([q.top_k for q in p], device=self.device),
+                "top_p": torch.tensor([q.top_p for q in p], dtype=torch.float64, device=self.device)}
+
     def _select(self, rows, logits, ids, real, slots, start) -> list[RowResult]:
         """Commit tokens in the denoise rows' blocks, as the published loops choose them."""
         B, Wq = ids.shape
@@ -132,7 +138,8 @@ class BlockRunner:
             pos=start[:, None] + torch.arange(Wq, device=dev)[None, :],
             sampling=any(q.temperature > 0 for q in p), any_random=any(q.remasking == "random" for q in p),
             factor_rule=ints([FACTOR_RULE_CODE[q.factor_rule] for q in p]), conf_dtype=torch.float32,
-            x0_from_probs=True, block_threshold=True, mask_id=self.mask_id)
+            x0_from_probs=True, block_threshold=True, mask_id=self.mask_id,
+            **self._filters(p))
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             commit = topk_commit(conf, candidate, n_commit.tolist(), [0.0] * B,
                                  [(s.params.block_length, 0) for s in rows])

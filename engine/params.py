@@ -45,6 +45,8 @@ class SamplingParams:
     schedule: str = "llada"  # see SCHEDULES
     eps: float = 1e-3  # Dream's final timestep (schedule="dream")
     kv_cache: Optional[str] = None  # see KV_CACHE_MODES; None: the engine's default
+    top_k: int = 0  # draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all
+    top_p: float = 1.0  # nucleus: draw among the most likely tokens up to this mass; 1: all
     cfg_scale: float = 0.0
     seed: Optional[int] = None  # None: the engine picks one and reports it
     stop_at_eos: bool = True
@@ -106,6 +108,10 @@ class SamplingParams:
             bad("schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not _finite(self.eps) or not 0 < self.eps < 1:
             bad("eps", f"must be in (0, 1), got {self.eps}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {self.top_k!r}")
+        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:

@@ -27,7 +27,8 @@ from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, topk_co
 from engine.sequence import Sequence
 
 # Rows of the packed integer input.
-IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, K, REMASK, STEP, SEED, FACTOR_RULE, FIRST_ONLY = range(11)
+IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, K, REMASK, STEP, SEED, FACTOR_RULE, FIRST_ONLY, TOP_K = range(12)
+TEMPERATURE, THRESHOLD, FACTOR, TOP_P = range(4)  # rows of the packed float input
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Bucket:
     W: int
     sampling: bool  # any temperature > 0
     any_random: bool  # any random remasking
+    filtered: bool = False  # any top-k / top-p
     padded: bool = True  # some row is shorter than L (else attention runs without a mask)
     fresh: int = 0  # fresh width of a cached step: the block (dual) or block-to-end (prefix)
 
@@ -127,12 +129,13 @@ class Runner:
         W = max(s.params.block_length for s in seqs)
         ints = [[s.slot, s.length, s.params.gen_length, s.block_start, s.params.block_length,
                  1 if first else s.tokens_this_step, REMASK_CODE[s.params.remasking], s.nfe, s.params.seed or 0,
-                 FACTOR_RULE_CODE[s.params.factor_rule], int(first)] for s, first in zip(seqs, first_only)]
-        ints += [[self.slots, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]] * (B - n)  # padding rows: the spare slot, no block
+                 FACTOR_RULE_CODE[s.params.factor_rule], int(first), s.params.top_k]
+                for s, first in zip(seqs, first_only)]
+        ints += [[self.slots, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]] * (B - n)  # padding rows: the spare slot, no block
         # A first-only step is a fixed one-token step whatever the row's rule.
         floats = [[s.params.temperature, 0.0 if first else s.params.threshold or 0.0,
-                   0.0 if first else s.params.factor or 0.0] for s, first in zip(seqs, first_only)]
-        floats += [[0.0, 0.0, 0.0]] * (B - n)
+                   0.0 if first else s.params.factor or 0.0, s.params.top_p] for s, first in zip(seqs, first_only)]
+        floats += [[0.0, 0.0, 0.0, 1.0]] * (B - n)
         fresh = 0
         if mode.startswith("cached-prefix"):
             fresh = max(s.params.gen_length - s.block_start for s in seqs)
@@ -142,6 +145,7 @@ class Runner:
             fresh += 1
         bucket = Bucket(B, L, W, any(s.params.temperature > 0 for s in seqs),
                         any(s.params.remasking == "random" for s in seqs),
+                        filtered=any(s.params.top_k > 0 or s.params.top_p < 1 for s in seqs),
                         padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
         # The array each published loop ranks with torch.topk: (its length, the window's offset).
         if mode.startswith("cached-prefix"):
@@ -222,13 +226,14 @@ class Runner:
         candidate = in_block & (tokens == self.mask_id) & ((ints[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         dream = self.model.cfg.logit_shift  # Dream's sampler: softmax argmax, model-dtype confidences
         x0, commit, conf, n_commit = select_tokens(
-            logits, tokens, candidate, k=ints[K], temperature=floats[0], remask=ints[REMASK],
-            threshold=floats[1], factor=floats[2], seed=ints[SEED], step=ints[STEP],
+            logits, tokens, candidate, k=ints[K], temperature=floats[TEMPERATURE], remask=ints[REMASK],
+            threshold=floats[THRESHOLD], factor=floats[FACTOR], seed=ints[SEED], step=ints[STEP],
             pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
             factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream,
-            mask_id=self.mask_id)
+            mask_id=self.mask_id, top_k=ints[TOP_K] if b.filtered else None,
+            top_p=floats[TOP_P] if b.filtered else None)
         if spans is not None and self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
-            commit = topk_commit(conf, candidate, n_commit.tolist(), floats[1].tolist(), spans)
+            commit = topk_commit(conf, candidate, n_commit.tolist(), floats[THRESHOLD].tolist(), spans)
         new = torch.where(commit, x0, tokens)
         # Write back by position. Window columns past the row's end are not clamped here (the
         # duplicates would race): they land in scratch columns. Padding rows touch the spare row.

@@ -94,6 +94,23 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tens
     return logits.double() - temperature.double()[:, None, None] * torch.log(-torch.log(u))
 
 
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k / top-p (nucleus) filtering, -inf outside, with Dream's tie and mass rules.
+
+    logits (B, W, V); top_k (B,) int, 0 = off: keep logits >= the k-th largest (its ties too);
+    top_p (B,) float, 1 = off: keep a token while the probability mass before it is <= top_p.
+    """
+    V = logits.shape[-1]
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+    kth = torch.gather(sorted_logits, -1, (k - 1)[:, None, None].expand(*logits.shape[:2], 1))  # (B, W, 1)
+    probs = F.softmax(sorted_logits.float(), dim=-1)
+    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+    keep_sorted = (before <= top_p.to(probs.dtype)[:, None, None]) | (top_p >= 1)[:, None, None]
+    keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted) & (logits >= kth)
+    return logits.masked_fill(~keep, NEG_INF)
+
+
 # ---------------------------------------------------------------- confidence measures
 
 def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
@@ -123,6 +140,7 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
                   seed: torch.Tensor, step: torch.Tensor, pos: torch.Tensor, sampling: bool, any_random: bool,
                   factor_rule: Optional[torch.Tensor] = None, conf_dtype: torch.dtype = torch.float64,
                   x0_from_probs: bool = False, block_threshold: bool = False, mask_id: Optional[int] = None,
+                  top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One denoising selection over a window of each row (usually its current block).
 
@@ -136,17 +154,21 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     block_threshold switches the threshold to SDAR's / LLaDA2's dynamic rule: every candidate
     strictly above it if that is at least the schedule's k, else the top k. mask_id is never a
     candidate token (a random or undertrained model may rank it first; published loops would
-    commit it and keep the position masked, or loop forever under a threshold).
+    commit it and keep the position masked, or loop forever under a threshold). top_k / top_p
+    (B,) restrict each row's drawn token (`filter_logits`); None when no row asks (skips work).
     Returns the candidate tokens x0 (B, W), committed mask (B, W), the confidences (B, W) and
     how many tokens each row commits (B,).
     """
     B, W, V = logits.shape
+    # top-k / top-p narrow which token is drawn; its confidence is read from the whole
+    # distribution (as SDAR's evaluation sampler does), so top_k=1 does not make every one 1.0.
+    pick = logits if top_k is None or top_p is None else filter_logits(logits, top_k, top_p)
     if sampling:
-        scores = gumbel_scores(logits, temperature, uniform_noise(seed, step, pos, V, stream=0))
+        scores = gumbel_scores(pick, temperature, uniform_noise(seed, step, pos, V, stream=0))
     elif x0_from_probs:
-        scores = F.softmax(logits, dim=-1)  # ties of the rounded probabilities: first wins
+        scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
     else:
-        scores = logits
+        scores = pick
     if mask_id is not None:  # committing the mask token would leave the position masked forever
         scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), NEG_INF)
     x0 = scores.argmax(-1)  # (B, W)
