@@ -63,12 +63,22 @@ def test_chat_messages_and_max_completion_tokens():
     ({"prompt": ["a", "b"]}, False, "prompt"),
     ({"prompt": "x", "diffusing": True}, False, "diffusing"),
     ({"messages": []}, True, "messages"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, True, "messages[0].role"),
 ])
 def test_bad_fields_are_named(body, chat, param):
     with pytest.raises(InvalidRequest) as e:
         parse(body, chat)
     assert e.value.violations[0].field == param
+
+
+def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
+    """The gateway only maps; the engine's request builder validates roles, as for gRPC."""
+    from server.openai_api import engine_request
+
+    req = parse({"messages": [{"role": "robot", "content": "x"}, {"role": "user",
+                              "content": [{"type": "text", "text": 5}]}]}, chat=True)
+    with pytest.raises(InvalidRequest) as e:
+        tiny_llm.build(engine_request(req, ""))
+    assert [v.field for v in e.value.violations] == ["messages[0].role", "messages[1].content"]
 
 
 def test_engine_field_names_become_openai_params():
