@@ -128,6 +128,8 @@ class RequestStream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ended = False  # the engine has delivered its last event (or an error)
         self.closed = False
+        self.held = False  # the door keeps the admission place past close (see hold)
+        self.released = False
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -144,6 +146,16 @@ class RequestStream:
 
     def close(self) -> None:
         self.scheduler._close(self)
+
+    def hold(self) -> Callable[[], None]:
+        """Keep this stream's admission place after `close` until the returned function is called:
+        for a transport that buffers what the handler sent, so a stream whose client reads nothing
+        stays counted until the transport is really done with it."""
+        self.held = True
+        return self.release
+
+    def release(self) -> None:
+        self.scheduler._release(self)
 
     async def aclose(self) -> None:
         self.close()
@@ -272,7 +284,13 @@ class Scheduler:
             return
         self._end(stream, cancel=True)
         stream.closed = True
-        self._open -= 1
+        if not stream.held:
+            self._release(stream)
+
+    def _release(self, stream: RequestStream) -> None:
+        if not stream.released:
+            stream.released = True
+            self._open -= 1
 
     def _deliver(self, stream: Optional[RequestStream], ev: Optional[StepEvent]) -> None:
         if stream is None or stream.ended:

@@ -104,6 +104,7 @@ class HttpGateway:
         self.draining = False
         self._runner: Optional[web.AppRunner] = None
         self._inflight = 0
+        self._handlers: set[asyncio.Task] = set()  # generation handlers in flight
         self._idle = asyncio.Event()
         self._idle.set()
         self._page = b""
@@ -125,7 +126,7 @@ class HttpGateway:
     async def start(self, port: int) -> None:
         self._page = web_page_path().read_bytes()
         # handler_cancellation: a client that disconnects cancels its handler, hence its request.
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None)
         await self._runner.setup()
         sock = _listening_socket(self.settings.host, port)
         await web.SockSite(self._runner, sock).start()
@@ -133,12 +134,19 @@ class HttpGateway:
         log.info("http.started", port=self.port)
 
     async def stop(self, grace: float) -> None:
-        """Refuse new generations (503), give in-flight ones `grace` seconds, then close."""
+        """Refuse new generations (503), give in-flight ones `grace` seconds, then cancel what is
+        left and close: one grace period, not one plus aiohttp's own shutdown wait."""
         self.draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
         except asyncio.TimeoutError:
             log.warning("http.grace_expired", inflight=self._inflight)
+            for task in list(self._handlers):
+                task.cancel()
+            try:
+                await asyncio.wait_for(self._idle.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -225,6 +233,9 @@ class HttpGateway:
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
         life = self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         self._inflight += 1
         self._idle.clear()
         try:
@@ -256,6 +267,7 @@ class HttpGateway:
             return web.json_response(responder.final(last), headers={"X-Request-Id": stream.request_id})
         finally:
             life.close()  # frees the scheduler slot if we leave early (disconnect, error)
+            self._handlers.discard(task)
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
