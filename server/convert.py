@@ -56,7 +56,7 @@ def proto_violations(exc: InvalidRequest) -> InvalidRequest:
         head, bracket, rest = field.partition("[")
         return PROTO_FIELDS.get(head, head) + bracket + rest
 
-    return InvalidRequest([FieldViolation(path(v.field), v.description) for v in exc.violations])
+    return type(exc)([FieldViolation(path(v.field), v.description) for v in exc.violations])
 
 
 def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request:

@@ -72,12 +72,12 @@ class TokenBuckets:
         for key in list(self._buckets)[:PRUNE_SCAN]:  # least recently used first
             if key != OVERFLOW and self._level(key, now) >= self.burst:
                 del self._buckets[key]
-        return len(self._buckets) < self.max_keys
+        return len(self._buckets) < self.max_keys - 1  # one entry stays free for the overflow bucket
 
     def allow(self, key: str) -> Optional[float]:
         """None if allowed, else seconds until the next token."""
         now = self.clock()
-        if key not in self._buckets and len(self._buckets) >= self.max_keys and not self._make_room(now):
+        if key not in self._buckets and len(self._buckets) >= self.max_keys - 1 and not self._make_room(now):
             key = OVERFLOW
         level = self._level(key, now)
         tokens = float(self.burst) if level is None else level

@@ -168,7 +168,7 @@ def rename_fields(e: InvalidRequest, req: Optional[GatewayRequest]) -> InvalidRe
     """Engine field names -> the OpenAI parameter the client actually sent."""
     names = {"gen_length": req.length_param if req else "max_tokens", "token_ids": "prompt",
              "request_id": "X-Request-Id", "input": "prompt"}
-    return InvalidRequest([FieldViolation(names.get(f.field, f.field), f.description) for f in e.violations])
+    return type(e)([FieldViolation(names.get(f.field, f.field), f.description) for f in e.violations])
 
 
 def error_response(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
