@@ -159,3 +159,31 @@ def test_http_requests_are_in_the_request_metrics_and_spans(tiny_llm):
     assert len(req) == 1 and format(req[0].context.trace_id, "032x") == "ab" * 16
     steps = [s for s in spans if s.name == "celeris.denoise_step"]
     assert steps and all(any(link.context.span_id == req[0].context.span_id for link in s.links) for s in steps)
+
+
+async def test_tokenizing_runs_off_the_event_loop(serve, tiny_llm, monkeypatch):
+    """A slow tokenization (here: 0.5 s) must not hold up other calls on the server's loop."""
+    real = tiny_llm.tokenizer.encode
+
+    def slow_encode(text):
+        time.sleep(0.5)
+        return real(text)
+
+    async with serve() as (_, stub, _):
+        monkeypatch.setattr(tiny_llm.tokenizer, "encode", slow_encode)
+        slow = asyncio.ensure_future(collect(stub.Generate(small())))
+        await asyncio.sleep(0.1)  # the slow request is being tokenized now
+        t0 = time.monotonic()
+        await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        waited = time.monotonic() - t0
+        assert (await slow)[-1].done
+    assert waited < 0.3, f"GetModelInfo waited {waited:.2f} s behind a tokenization"
+
+
+async def test_message_count_and_size_are_checked_before_any_work(serve):
+    many = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="") for _ in range(20_000)])
+    async with serve() as (_, stub, _):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub.Generate(pb.GenerateRequest(chat=many)))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "20000 messages" in e.value.details() and len(e.value.details()) < 1024

@@ -94,3 +94,21 @@ def test_error_table():
     assert status == 429 and headers["Retry-After"] == "3" and body["error"]["code"] == "rate_limit_exceeded"
     assert error_response(Unavailable("draining"))[0] == 503
     assert error_response(RuntimeError("bug"))[0] == 500
+
+
+def test_one_error_table_serves_both_doors():
+    import grpc
+
+    from engine.errors import ModelLoadError, StepFailed
+    from server.errors import Unauthenticated, UnsupportedMediaType, kind_of, to_openai, to_status
+
+    cases = [(InvalidRequest([FieldViolation("x", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 400),
+             (UnsupportedMediaType([FieldViolation("Content-Type", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 415),
+             (Unauthenticated("no"), grpc.StatusCode.UNAUTHENTICATED, 401),
+             (Overloaded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+             (Unavailable("draining"), grpc.StatusCode.UNAVAILABLE, 503),
+             (ModelLoadError("gone"), grpc.StatusCode.UNAVAILABLE, 503),
+             (StepFailed("boom"), grpc.StatusCode.INTERNAL, 500),
+             (RuntimeError("bug"), grpc.StatusCode.INTERNAL, 500)]
+    for exc, code, http in cases:
+        assert kind_of(exc).grpc == code and to_status(exc).code == code and to_openai(exc)[0] == http
