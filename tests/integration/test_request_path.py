@@ -161,23 +161,33 @@ def test_http_requests_are_in_the_request_metrics_and_spans(tiny_llm):
     assert steps and all(any(link.context.span_id == req[0].context.span_id for link in s.links) for s in steps)
 
 
-async def test_tokenizing_runs_off_the_event_loop(serve, tiny_llm, monkeypatch):
-    """A slow tokenization (here: 0.5 s) must not hold up other calls on the server's loop."""
+def test_tokenizing_runs_off_the_event_loop(tiny_llm, monkeypatch):
+    """A slow tokenization (here: 1 s) must not hold up other calls on the server's loop."""
+    import threading
+
+    from celeris.v1 import generation_pb2_grpc as pb_grpc
+
     real = tiny_llm.tokenizer.encode
 
     def slow_encode(text):
-        time.sleep(0.5)
+        time.sleep(1.0)
         return real(text)
 
-    async with serve() as (_, stub, _):
+    with live_server(tiny_llm) as live:  # the server's loop runs in its own thread
         monkeypatch.setattr(tiny_llm.tokenizer, "encode", slow_encode)
-        slow = asyncio.ensure_future(collect(stub.Generate(small())))
-        await asyncio.sleep(0.1)  # the slow request is being tokenized now
-        t0 = time.monotonic()
-        await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-        waited = time.monotonic() - t0
-        assert (await slow)[-1].done
-    assert waited < 0.3, f"GetModelInfo waited {waited:.2f} s behind a tokenization"
+        done = []
+        with grpc.insecure_channel(live.grpc_target) as a, grpc.insecure_channel(live.grpc_target) as b:
+            slow = threading.Thread(target=lambda: done.append(list(pb_grpc.GenerationServiceStub(a).Generate(
+                small(), timeout=30))))
+            slow.start()
+            time.sleep(0.15)  # the slow request is being tokenized now
+            t0 = time.monotonic()
+            pb_grpc.GenerationServiceStub(b).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            waited = time.monotonic() - t0
+            slow.join(30)
+        monkeypatch.setattr(tiny_llm.tokenizer, "encode", real)
+    assert done and done[0][-1].done
+    assert waited < 0.4, f"GetModelInfo waited {waited:.2f} s behind a tokenization"
 
 
 async def test_message_count_and_size_are_checked_before_any_work(serve):
