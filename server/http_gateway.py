@@ -16,17 +16,17 @@ import json
 import socket
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import structlog
 from aiohttp import web
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, Unavailable
+from engine.errors import EngineError, FieldViolation, InvalidRequest, Unavailable, clip
 from engine.llm import LLM
 from engine.scheduler import Scheduler
 from engine.sequence import StepEvent
 from server import openai_api
-from server.errors import UnsupportedMediaType, error_body
+from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
 from server.guard import Guard
 from server.lifecycle import Lifecycle, LiveRequest
 from server.openai_responses import Responder, sse
@@ -210,7 +210,7 @@ class HttpGateway:
 
     async def model(self, request: web.Request) -> web.Response:
         if request.match_info["model"] != self.llm.name:
-            body = error_body(f"model {openai_api.clip(request.match_info['model'])} not found; this server serves "
+            body = error_body(f"model {clip(request.match_info['model'])} not found; this server serves "
                               f"{self.llm.name!r}", "invalid_request_error", "model", "model_not_found")
             return web.json_response(body, status=404)
         return web.json_response(self._model_card())
@@ -224,8 +224,12 @@ class HttpGateway:
     async def _body(self, request: web.Request) -> Any:
         if request.headers.get("Content-Type") is not None and not _json_media(request.content_type):
             raise UnsupportedMediaType([FieldViolation(
-                "Content-Type", f"must be application/json, got {openai_api.clip(request.content_type)}")])
-        raw = await request.read()  # at most client_max_size
+                "Content-Type", f"must be application/json, got {clip(request.content_type)}")])
+        try:
+            raw = await request.read()  # at most client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.settings.max_request_bytes
+            raise RequestTooLarge([FieldViolation("body", f"larger than {limit} bytes")]) from None
         if len(raw) > PARSE_OFF_LOOP:
             return await asyncio.get_running_loop().run_in_executor(None, _parse_json, raw)
         return _parse_json(raw)

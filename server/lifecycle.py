@@ -14,10 +14,10 @@ and maps errors through the one table in server/errors.py.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
-from engine.errors import EngineError, clip
-from engine.llm import LLM, Request
+from engine.errors import EngineError
+from engine.llm import LLM, MAX_REQUEST_ID, Request
 from engine.scheduler import RequestStream, Scheduler
 from engine.sequence import StepEvent
 from server.telemetry import RequestObserver, Telemetry
@@ -40,8 +40,8 @@ class LiveRequest:
 
     async def submit(self, req: Request) -> RequestStream:
         """Build (validate + tokenize, in a worker thread) and admit; raises EngineError."""
-        if req.request_id:
-            self.obs.bind(clip(req.request_id) if len(req.request_id) > 128 else req.request_id)
+        if req.request_id:  # logged before validation, so cut to the limit
+            self.obs.bind(req.request_id[:MAX_REQUEST_ID])
         try:
             seq = await self.lifecycle.llm.build_async(req)
             self.obs.bind(seq.request_id, seq.ticket)
@@ -71,10 +71,3 @@ class LiveRequest:
         if self.stream is not None:
             self.stream.close()
         self.obs.end()
-
-    @property
-    def request_id(self) -> str:
-        return self.stream.request_id if self.stream is not None else ""
-
-    def attributes(self) -> dict[str, Any]:
-        return {"outcome": self.obs.outcome, "code": self.obs.code}

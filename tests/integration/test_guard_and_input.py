@@ -59,7 +59,7 @@ def test_rotating_forwarded_for_or_authorization_does_not_bypass_the_rate_limit(
     allowed = burst + elapsed * 1.0 + 1  # one bucket per address for both doors: burst plus refill
     assert http_ok + grpc_ok <= allowed, (http_ok, grpc_ok, elapsed)
     print(f"\nrate limit: {2 * n} calls with rotating X-Forwarded-For and Authorization (HTTP and gRPC, "
-          f"1/s, burst {burst}) in {elapsed:.1f} s: {http_ok + grpc_ok} allowed, {2 * n - http_ok - grpc_ok} refused")
+          f"1/s, burst {burst}) in {elapsed:.2f} s: {http_ok + grpc_ok} allowed, {2 * n - http_ok - grpc_ok} refused")
 
 
 def test_anonymous_grpc_clients_are_keyed_by_address(tiny_llm):
@@ -107,6 +107,7 @@ BAD_BODIES = {
     "deeply nested JSON": b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     "invalid UTF-8": b'{"prompt": "\xff\xfe"}',
     "token ids out of range": b'{"prompt": [1, ' + b"9" * 400 + b"]}",
+    "body over the 4 MiB limit": b'{"prompt": "' + b"x" * (5 << 20) + b'"}',
 }
 BAD_CHAT = {
     "non-string text part": {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
