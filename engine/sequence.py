@@ -46,7 +46,7 @@ class StepEvent:
 
     request_id: str
     step: int  # 0-based index of the denoising step that produced this snapshot
-    total_steps: int  # steps planned (an upper bound for threshold/factor); exact once finished
+    total_steps: int  # steps planned (for threshold/factor: gen_length, the worst case)
     block: int
     num_blocks: int
     canvas: tuple[int, ...]  # generated region, mask id where still masked
@@ -104,10 +104,9 @@ class Sequence:
 
     @property
     def total_steps(self) -> int:
-        """The fixed schedule runs `steps`; threshold/factor rules run each block until it has no
-        masks (1 to block_length steps), so at most gen_length. Exact once finished."""
-        if self.finished:
-            return self.nfe
+        """Steps planned: the fixed schedule runs `steps`; threshold/factor rules run each block
+        until it has no masks (1 to block_length steps), so at most gen_length. `steps` on the
+        last event says how many ran."""
         return self.params.gen_length if self.params.adaptive else self.params.steps
 
     @property

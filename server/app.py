@@ -41,7 +41,7 @@ class ServerSettings:
     rate_limit_clients: int = 10_000  # bucket table bound; beyond it new clients share one bucket
     trust_forwarded_for: bool = False  # key clients on x-forwarded-for (only behind a proxy that sets it)
     max_streams: Optional[int] = None  # open streams in all (parked ones too); None = max_batch + max_queue
-    max_streams_per_connection: int = 32  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+    max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (finished calls linger a little)
     max_request_bytes: int = 4 << 20
     drain_seconds: float = 5.0  # NOT_SERVING before stopping, so balancers move traffic away
     grace_seconds: float = 120.0  # in-flight streams get this long to finish on shutdown

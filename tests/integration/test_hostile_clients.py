@@ -125,7 +125,7 @@ def test_unread_streams_are_bounded_and_count_against_admission(spawn):
     the client leaves. The engine finishes each request in a few steps; only its handler parks."""
     cap = 8  # --max-batch 4 + --max-queue 4
     proc = spawn("--max-batch", "4", "--max-queue", "4", "--max-gen-length", "64")
-    conns = [ParkingConnection(proc.port) for _ in range(8)]  # 30 streams each, under the per-connection 32
+    conns = [ParkingConnection(proc.port) for _ in range(8)]  # 30 streams each, under the per-connection 100
     opened = 0
     try:
         time.sleep(0.3)  # settings exchanged
