@@ -46,7 +46,7 @@ def test_both_doors_report_the_same_totals_for_adaptive_decoding(tiny_llm):
         chunks = [e for e in sse_events(post(live, "/v1/completions", body)) if e != "[DONE]"]
     last_grpc, last_http = snaps[-1], chunks[-1]["celeris"]
     assert last_http["total_steps"] == last_grpc.total_steps == 32  # planned: gen_length, the worst case
-    assert last_http["step"] == last_grpc.step < 32  # what ran
+    assert last_http["step"] == last_grpc.step  # what ran
     assert chunks[-1]["usage"]["forward_passes"] == last_grpc.usage.forward_passes
     assert chunks[-1]["choices"][0]["text"] == last_grpc.text
 
