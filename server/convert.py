@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -74,8 +74,8 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
     opt = lambda name, default: getattr(req, name) if req.HasField(name) else default  # noqa: E731
     remasking = defaults.remasking if req.remasking == pb.REMASKING_UNSPECIFIED else \
         REMASKING_TO_ENGINE.get(req.remasking, f"unknown enum value {req.remasking}")
-    return SamplingParams(
-        gen_length=opt("gen_length", defaults.gen_length), steps=opt("steps", defaults.steps),
+    return replace(  # knobs gRPC does not carry keep the model's defaults
+        defaults, gen_length=opt("gen_length", defaults.gen_length), steps=opt("steps", defaults.steps),
         block_length=opt("block_length", defaults.block_length),
         temperature=opt("temperature", defaults.temperature), remasking=remasking,
         threshold=opt("threshold", defaults.threshold), factor=opt("factor", defaults.factor),
