@@ -1,16 +1,22 @@
 """Block-wise approximate KV cache (Fast-dLLM), one preallocated buffer per layer.
 
 Keys/values live per slot, right-aligned exactly like the runner's canvas buffer, and are
-rotated with absolute buffer positions, so a row's cache is valid in any bucket length.
+rotated with positions counted from the row's first real token, so a row's cache is valid in
+any batch length.
 
 - prefix: at a block's first step the whole canvas is run and its K/V stored; later steps of
   the block recompute the block and everything after it, attending to the cached prefix.
 - dual: later steps recompute only the block; prefix and suffix K/V both come from the cache.
 
+A cached step attends over the row's whole context in canvas order, the fresh keys written
+over the cached ones at their columns, exactly as Fast-dLLM replaces them.
+
 The cache is refreshed at every block boundary, which bounds how stale it can get.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -34,8 +40,9 @@ class KVCacheStore:
             self.keys[layer][rows, :, self.max_len - L:] = k
             self.values[layer][rows, :, self.max_len - L:] = v
 
-    def read(self, rows: torch.Tensor, L: int, key_mask: torch.Tensor) -> KVCache:
-        """The cached context of `rows` over the last L columns; key_mask (B, L) says which to use."""
+    def read(self, rows: torch.Tensor, L: int, key_mask: Optional[torch.Tensor], fresh: torch.Tensor) -> KVCache:
+        """The cached context of `rows` over the last L columns (a copy); key_mask (B, L) marks
+        padding (None: none); fresh (B, F) the columns the forward recomputes."""
         keys = [k[rows, :, self.max_len - L:] for k in self.keys]
         values = [v[rows, :, self.max_len - L:] for v in self.values]
-        return KVCache(keys, values, key_mask)
+        return KVCache(keys, values, key_mask, fresh)

@@ -33,7 +33,9 @@ class ModelConfig:
     mask_token_id: int = 0
     eos_token_id: int = 1
     weight_tying: bool = False
-    qkv_bias: bool = False  # Qwen2/Dream carry q/k/v biases, LLaDA does not
+    qkv_bias: bool = False  # Qwen2/Dream carry q/k/v biases, LLaDA's `include_qkv_bias` does too
+    input_emb_norm: bool = False  # LLaDA: embeddings scaled by sqrt(d_model)
+    scale_logits: bool = False  # LLaDA: logits scaled by 1/sqrt(d_model)
     max_sequence_length: int = 4096
     name: str = "model"
 
@@ -48,6 +50,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def rope_fp32(self) -> bool:
+        """LLaDA rotates q/k in fp32 (`rope_full_precision`); Qwen2/Dream in the model dtype."""
+        return self.arch == "llada"
 
     @property
     def logit_shift(self) -> bool:
@@ -65,6 +72,7 @@ class ModelConfig:
         archs = [a.lower() for a in raw.get("architectures", [])]
         is_dream = raw.get("model_type") == "Dream" or any("dream" in a for a in archs)
         if "d_model" in raw:  # LLaDA naming
+            _refuse_unsupported(raw, _LLADA_SUPPORTED)
             vocab = int(raw["vocab_size"])
             return cls(
                 arch="dream" if is_dream else "llada",
@@ -80,11 +88,14 @@ class ModelConfig:
                 mask_token_id=int(raw.get("mask_token_id", 126336)),
                 eos_token_id=int(raw.get("eos_token_id", 126081)),
                 weight_tying=bool(raw.get("weight_tying", False)),
-                qkv_bias=bool(raw.get("qkv_bias", raw.get("include_bias", False))),
+                qkv_bias=bool(raw.get("qkv_bias", raw.get("include_qkv_bias", False))),
+                input_emb_norm=bool(raw.get("input_emb_norm", False)),
+                scale_logits=bool(raw.get("scale_logits", False)),
                 max_sequence_length=int(raw.get("max_sequence_length", 4096)),
                 name=str(raw.get("name", name)),
             )
         if "hidden_size" in raw:  # Qwen2 / Dream naming
+            _refuse_unsupported(raw, _QWEN2_SUPPORTED)
             vocab = int(raw["vocab_size"])
             return cls(
                 arch="dream",
@@ -116,6 +127,38 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
         return cls.from_json(raw, name=Path(folder).resolve().name)
+
+
+# Config keys that change the forward, with the values this model computes correctly. A
+# checkpoint that sets one to anything else is refused rather than served wrongly; keys that
+# only matter for training (dropout, init) or that the model implements are not listed.
+_LLADA_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "activation_type": ("silu", "swiglu"),
+    "block_type": ("llama",),
+    "layer_norm_type": ("rms",),
+    "layer_norm_with_affine": (True,),
+    "bias_for_layer_norm": (False, None),
+    "attention_layer_norm": (False, None),
+    "include_bias": (False,),
+    "alibi": (False,),
+    "rope": (True,),
+    "rope_full_precision": (True,),
+    "clip_qkv": (None,),
+    "multi_query_attention": (False, None),
+    "block_group_size": (1,),
+}
+_QWEN2_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu",),
+    "rope_scaling": (None,),
+    "use_sliding_window": (False,),
+}
+
+
+def _refuse_unsupported(raw: dict[str, Any], supported: dict[str, tuple[Any, ...]]) -> None:
+    bad = [f"{k}={raw[k]!r} (supported: {', '.join(map(repr, ok))})"
+           for k, ok in supported.items() if k in raw and raw[k] not in ok]
+    if bad:
+        raise ModelLoadError("config.json sets options this model does not implement: " + "; ".join(bad))
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,8 @@ class LLM:
         params = params.validate(self.config.max_gen_length)
         if params.seed is None:
             params = params.with_seed(secrets.randbits(63))
+        if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
+            params = replace(params, kv_cache=self.config.kv_cache)
         return Sequence(request_id or uuid.uuid4().hex, prompt_ids, params,
                         mask_id=self.tokenizer.mask_id, stop_ids=self.tokenizer.stop_ids)
 

@@ -7,6 +7,7 @@ H heads, Hk kv heads, Dh head dim, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,34 +25,77 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 whatever the model dtype: bf16 variance loses too much precision.
+        # Normalise in fp32 (bf16 variance loses too much precision), cast back to the model
+        # dtype, then scale by the weight in that dtype: LLaDA's and Dream's published op order,
+        # which decides the last bits of every bf16 logit.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return self.weight * xf.to(x.dtype)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for integer positions (B, L) -> (B, 1, L, Dh), computed in fp32."""
+    """cos/sin tables for integer positions (B, L) -> (B, 1, L, Dh), computed in fp32.
+
+    Every published implementation (LLaDA's RotaryEmbedding, Qwen2's) multiplies the fp32
+    position by the fp32 inverse frequency once, so these tables are bit-identical to theirs.
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # (B, L, Dh/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (B, L, Dh)
     return emb.cos()[:, None], emb.sin()[:, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (LLaMA/Qwen2/LLaDA convention). x: (B, H, L, Dh)."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """Rotate-half RoPE (LLaMA/Qwen2/LLaDA convention). x: (B, H, L, Dh).
+
+    fp32=True rotates in fp32 and casts back (LLaDA's `rope_full_precision`); False casts the
+    tables to the model dtype and rotates there (Qwen2/Dream). Identical in fp32 models.
+    """
     half = x.shape[-1] // 2
+    if fp32:
+        xf = x.float()
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
 @dataclass
 class KVCache:
-    """Per-layer keys/values of a fixed context (the prefix, or prefix + suffix), already rotated."""
+    """Per-layer keys/values of a whole row (Lc columns, already rotated) from an earlier forward.
+
+    A cached forward computes only the `fresh` columns: their keys/values replace the cached
+    ones at those columns, and the queries attend over all Lc columns in canvas order — the
+    computation of Fast-dLLM's prefix (fresh = block..end) and dual (fresh = block) caches.
+    """
 
     keys: list[torch.Tensor]  # each (B, Hk, Lc, Dh)
     values: list[torch.Tensor]
-    key_mask: torch.Tensor  # (B, Lc) bool, False for padding
+    key_mask: Optional[torch.Tensor]  # (B, Lc) bool, False for padding; None when there is none
+    fresh: torch.Tensor  # (B, F) columns of the fresh positions
+
+
+RowPads = list  # per row, how many leading (left-padding) key columns to leave out
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor | RowPads],
+           gqa: bool) -> torch.Tensor:
+    """Bidirectional attention, q (B, H, Lq, Dh) over k, v (B, Hk, Lk, Dh).
+
+    mask: None (no padding), a boolean key mask (B, 1, 1, Lk), or per-row left-padding counts.
+    With counts each row attends alone over its real keys, without a mask: the very call an
+    unpadded request makes, so a row's result is bit-identical whatever batch it shares (the
+    masked batched kernel rounds differently in bfloat16). Padded query rows come back zero.
+    """
+    if mask is None or isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    Lq, Lk = q.shape[2], k.shape[2]
+    out = q.new_zeros(q.shape)
+    for i, pad in enumerate(mask):
+        qpad = pad if Lq == Lk else 0  # a full forward pads its queries like its keys
+        out[i:i + 1, :, qpad:] = F.scaled_dot_product_attention(
+            q[i:i + 1, :, qpad:], k[i:i + 1, :, pad:], v[i:i + 1, :, pad:], enable_gqa=gqa)
+    return out
 
 
 class Block(nn.Module):
@@ -59,6 +103,7 @@ class Block(nn.Module):
         super().__init__()
         d, dh = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
+        self.rope_fp32 = cfg.rope_fp32
         self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.q_proj = nn.Linear(d, cfg.n_heads * dh, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(d, cfg.n_kv_heads * dh, bias=cfg.qkv_bias)
@@ -69,22 +114,23 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)  # down
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor],
-                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask,
+                past: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, L, _ = x.shape
         h = self.attn_norm(x)
         q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         k = self.k_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, L, Dh)
         v = self.v_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
         new_kv = (k, v)
-        if past is not None:  # attend over cached context followed by the fresh positions
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
+        if past is not None:  # fresh keys/values replace the cached ones at their columns
+            past_k, past_v, fresh = past
+            cols = fresh[:, None, :, None].expand(-1, self.n_kv_heads, -1, self.head_dim)  # (B, Hk, F, Dh)
+            k = past_k.scatter(2, cols, k)  # (B, Hk, Lc, Dh)
+            v = past_v.scatter(2, cols, v)
         # No causal mask: every position sees every (non-padding) position.
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           enable_gqa=self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
+        a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
         x = x + self.attn_out(a.transpose(1, 2).reshape(B, L, -1))
         h = self.ff_norm(x)
         x = x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
@@ -118,31 +164,43 @@ class MaskPredictor(nn.Module):
         t = self.transformer
         h = t.ln_f(h)
         w = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
-        return F.linear(h, w[: self.cfg.vocab_size])  # drop LLaDA's padded embedding rows
+        logits = F.linear(h, w[: self.cfg.vocab_size])  # drop LLaDA's padded embedding rows
+        if self.cfg.scale_logits:  # LLaDA's option, in place after the head as published
+            logits = logits * (1 / math.sqrt(self.cfg.d_model))
+        return logits
 
     def forward(self, ids: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                 positions: Optional[torch.Tensor] = None, out_index: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_kv: bool = False):
         """ids (B, L) -> logits (B, L, V), or (B, W, V) at `out_index` (B, W) positions.
 
-        key_mask (B, L) is False at padding keys; with a cache, its own key_mask covers the cached
-        keys. positions default to 0..L-1 after the cache; RoPE is relative, so left padding leaves
-        real-token logits intact.
+        key_mask (B, L) is False at (left) padding keys; None means no padding, which keeps the
+        attention call the published code's own. positions count from each row's first real
+        token (as the published models see an unpadded prompt), so a row's logits and cached
+        keys do not depend on how far it is padded. With a cache, ids are the fresh columns
+        `cache.fresh` of the cached rows and positions must be given.
         Dream's logit shift is applied here so callers never see it.
         """
         B, L = ids.shape
-        past_len = 0 if cache is None else cache.keys[0].shape[2]
         if positions is None:
-            positions = torch.arange(past_len, past_len + L, device=ids.device).expand(B, L)
+            if cache is not None:
+                raise ValueError("a cached forward needs the fresh columns' positions")
+            positions = (torch.arange(L, device=ids.device).expand(B, L) if key_mask is None
+                         else (key_mask.long().cumsum(-1) - 1).clamp_min(0))
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
-        if cache is not None:  # keys = cached context, then the fresh positions
-            fresh = key_mask if key_mask is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
-            key_mask = torch.cat([cache.key_mask, fresh], dim=1)
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Lk)
+        if cache is not None:
+            key_mask = cache.key_mask
+        attn_mask: Optional[torch.Tensor | RowPads] = None
+        if key_mask is not None and key_mask.device.type == "cpu":  # row by row: batch-invariant bits
+            attn_mask = (~key_mask).sum(-1).tolist()
+        elif key_mask is not None:  # one masked kernel for the batch (GPU; CUDA graphs)
+            attn_mask = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
         x = self.transformer.wte(ids)  # (B, L, D)
+        if self.cfg.input_emb_norm:  # LLaDA's option: scale embeddings by sqrt(d_model)
+            x = x * (self.cfg.d_model ** 0.5)
         kvs = []
         for i, block in enumerate(self.transformer.blocks):
-            past = None if cache is None else (cache.keys[i], cache.values[i])
+            past = None if cache is None else (cache.keys[i], cache.values[i], cache.fresh)
             x, kv = block(x, cos, sin, attn_mask, past)
             kvs.append(kv)
         if self.cfg.logit_shift:  # position p is predicted from hidden state p-1

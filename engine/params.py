@@ -16,6 +16,19 @@ REMASKING = ("low_confidence", "random", "margin", "entropy")
 """How a position's confidence is measured: the sampled token's probability (LLaDA), a uniform
 random number (LLaDA's `random`), top-1 minus top-2 probability, or negative entropy (Dream)."""
 
+FACTOR_RULES = ("fast_dllm", "paper")
+"""The factor rule as Fast-dLLM's published code applies it (the default: its accuracy figures
+come from it), or the paper's strict formula. See `sampler._factor_count`."""
+
+SCHEDULES = ("llada", "dream")
+"""How many tokens the fixed schedule commits per step: LLaDA's even split of each block's
+masks over its steps, or Dream's timesteps linspace(1, eps, steps + 1) applied to the masks
+still left (`sampler.dream_transfer_count`)."""
+
+KV_CACHE_MODES = ("none", "prefix", "dual")
+"""Fast-dLLM's approximate block caches: none, prefix (the block and all after it recomputed),
+dual (only the block recomputed)."""
+
 MAX_SEED = 2**63 - 1
 
 
@@ -28,6 +41,10 @@ class SamplingParams:
     remasking: str = "low_confidence"
     threshold: Optional[float] = None  # confidence-threshold parallel decoding when set
     factor: Optional[float] = None  # Fast-dLLM factor rule when set
+    factor_rule: str = "fast_dllm"  # see FACTOR_RULES
+    schedule: str = "llada"  # see SCHEDULES
+    eps: float = 1e-3  # Dream's final timestep (schedule="dream")
+    kv_cache: Optional[str] = None  # see KV_CACHE_MODES; None: the engine's default
     cfg_scale: float = 0.0
     seed: Optional[int] = None  # None: the engine picks one and reports it
     stop_at_eos: bool = True
@@ -83,6 +100,14 @@ class SamplingParams:
             bad("factor", f"must be a finite number > 0, got {self.factor}")
         if self.threshold is not None and self.factor is not None:
             bad("factor", "set either threshold or factor, not both")
+        if self.factor_rule not in FACTOR_RULES:
+            bad("factor_rule", f"must be one of {', '.join(FACTOR_RULES)}, got {self.factor_rule!r}")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not _finite(self.eps) or not 0 < self.eps < 1:
+            bad("eps", f"must be in (0, 1), got {self.eps}")
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
+            bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:
             bad("cfg_scale", f"must be a finite number >= 0, got {self.cfg_scale}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)

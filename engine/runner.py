@@ -1,8 +1,9 @@
 """Runs one batched denoising step over a shape bucket.
 
 The canvases of all running requests live in one preallocated buffer, one row per slot, each
-right-aligned so that a left-padded batch of any bucket length L is the buffer's last L
-columns; RoPE positions are absolute buffer columns, so cached keys stay valid across buckets.
+right-aligned so that a left-padded batch of any length L is the buffer's last L columns; RoPE
+positions count from each row's first real token (as the published models see an unpadded
+prompt), so a row's logits and cached keys do not depend on the batch it shares.
 A step packs every row's settings into two small tensors (one host->device copy each), runs one
 forward whose head is evaluated only on each row's current-block window, selects tokens with
 `sampler.select_tokens`, writes them back by position, and copies the per-row result to the
@@ -21,11 +22,12 @@ import torch
 from engine.cache import KVCacheStore
 from engine.config import EngineConfig
 from engine.model import MaskPredictor
-from engine.sampler import REMASK_CODE, select_tokens
+from engine.params import KV_CACHE_MODES
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, topk_commit
 from engine.sequence import Sequence
 
 # Rows of the packed integer input.
-IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, K, REMASK, STEP, SEED = range(9)
+IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, K, REMASK, STEP, SEED, FACTOR_RULE, FIRST_ONLY = range(11)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class Bucket:
     W: int
     sampling: bool  # any temperature > 0
     any_random: bool  # any random remasking
-    tail: int = 0  # longest block-start-to-end span: the fresh width of a prefix-cache step
+    padded: bool = True  # some row is shorter than L (else attention runs without a mask)
+    fresh: int = 0  # fresh width of a cached step: the block (dual) or block-to-end (prefix)
 
 
 class Runner:
@@ -69,14 +72,21 @@ class Runner:
         self.slots = config.max_batch
         # One extra all-mask row serves as padding when a batch is rounded up to its bucket.
         self.canvas = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
-        # Dream's shifted logits read the hidden state left of the block, which a cache would
-        # leave stale; such models run without the approximate cache.
-        self.cache_mode = config.kv_cache if not model.cfg.logit_shift else "none"
-        self.kv = None if self.cache_mode == "none" else KVCacheStore(
-            model.cfg, self.slots + 1, self.max_len, self.device, model.dtype)
+        self.kv: KVCacheStore | None = None  # allocated on the first request that uses a cache
+        if config.kv_cache != "none":
+            self._cache_store()
         self.use_graphs = self.device.type == "cuda" and config.cuda_graphs
         self._graphs: dict[Bucket, tuple] = {}
         self.forward_passes = 0
+
+    def cache_mode(self, seq: Sequence) -> str:
+        """The request's KV cache mode: its own choice, else the engine's default."""
+        return seq.params.kv_cache or self.config.kv_cache
+
+    def _cache_store(self) -> KVCacheStore:
+        if self.kv is None:
+            self.kv = KVCacheStore(self.model.cfg, self.slots + 1, self.max_len, self.device, self.model.dtype)
+        return self.kv
 
     def load(self, seq: Sequence) -> None:
         """Write a new request's prompt + masked canvas into its slot (right-aligned)."""
@@ -86,41 +96,78 @@ class Runner:
 
     # ------------------------------------------------------------------ host side
 
-    def _pack(self, seqs: Seq[Sequence]) -> tuple[Bucket, torch.Tensor, torch.Tensor]:
+    def _plan(self, s: Sequence) -> tuple[str, bool]:
+        """(mode, first_only) of a row this step.
+
+        Modes: full forward (`full`, `cfg`), a cache block's first step (`store`) or a cached step
+        (`cached-prefix`, `cached-dual`). A Dream model with a cache runs Fast-dLLM's Dream block
+        loop where one exists (Dream's schedule or threshold/factor): a block's first step commits
+        only its first position, whose logit needs the column before the block; later steps see
+        the window from the block on. Otherwise (Dream with LLaDA's schedule) the cached window
+        starts one column early (`-lead`) so that the block's first logit stays fresh.
+        """
+        cache, p = self.cache_mode(s), s.params
+        if p.cfg_scale > 0:
+            return "cfg", False
+        if cache == "none":
+            return "full", False
+        dream_loop = self.model.cfg.logit_shift and (p.schedule == "dream" or p.adaptive)
+        if s.step_in_block == 0:
+            return "store", dream_loop and (p.adaptive or p.steps_per_block > 1)
+        lead = self.model.cfg.logit_shift and not dream_loop
+        return f"cached-{cache}" + ("-lead" if lead else ""), False
+
+    def _pack(self, seqs: Seq[Sequence], mode: str, first_only: Seq[bool]):
         n = len(seqs)
-        B = self.config.bucket_batch(n)
-        L = min(self.config.bucket_length(max(s.length for s in seqs)), self.max_len)
+        longest = max(s.length for s in seqs)
+        if self.use_graphs:  # few shapes to capture; eager runs take the exact shape
+            B, L = self.config.bucket_batch(n), min(self.config.bucket_length(longest), self.max_len)
+        else:
+            B, L = n, longest
         W = max(s.params.block_length for s in seqs)
-        ints = [[s.slot, s.length, s.params.gen_length, s.block_start, s.params.block_length, s.tokens_this_step,
-                 REMASK_CODE[s.params.remasking], s.nfe, s.params.seed or 0] for s in seqs]
-        ints += [[self.slots, 1, 1, 0, 0, 0, 0, 0, 0]] * (B - n)  # padding rows: the spare slot, no block
-        floats = [[s.params.temperature, s.params.threshold or 0.0, s.params.factor or 0.0] for s in seqs]
+        ints = [[s.slot, s.length, s.params.gen_length, s.block_start, s.params.block_length,
+                 1 if first else s.tokens_this_step, REMASK_CODE[s.params.remasking], s.nfe, s.params.seed or 0,
+                 FACTOR_RULE_CODE[s.params.factor_rule], int(first)] for s, first in zip(seqs, first_only)]
+        ints += [[self.slots, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]] * (B - n)  # padding rows: the spare slot, no block
+        # A first-only step is a fixed one-token step whatever the row's rule.
+        floats = [[s.params.temperature, 0.0 if first else s.params.threshold or 0.0,
+                   0.0 if first else s.params.factor or 0.0] for s, first in zip(seqs, first_only)]
         floats += [[0.0, 0.0, 0.0]] * (B - n)
+        fresh = 0
+        if mode.startswith("cached-prefix"):
+            fresh = max(s.params.gen_length - s.block_start for s in seqs)
+        elif mode.startswith("cached-dual"):
+            fresh = W
+        if mode.endswith("-lead"):
+            fresh += 1
         bucket = Bucket(B, L, W, any(s.params.temperature > 0 for s in seqs),
                         any(s.params.remasking == "random" for s in seqs),
-                        max(s.params.gen_length - s.block_start for s in seqs) if self.cache_mode == "prefix" else 0)
+                        padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
+        # The array each published loop ranks with torch.topk: (its length, the window's offset).
+        if mode.startswith("cached-prefix"):
+            spans = [(s.params.gen_length - s.block_start, 0) for s in seqs]
+        elif mode.startswith("cached-dual"):
+            spans = [(s.params.block_length, 0) for s in seqs]
+        else:
+            spans = [(s.length, len(s.prompt) + s.block_start) for s in seqs]
+        spans += [(0, 0)] * (B - n)
         return (bucket, torch.tensor(ints, dtype=torch.long).T.contiguous().to(self.device),
-                torch.tensor(floats, dtype=torch.float64).T.contiguous().to(self.device))
+                torch.tensor(floats, dtype=torch.float64).T.contiguous().to(self.device), spans)
 
     @torch.no_grad()
     def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
         """One denoising step for every sequence; cache refreshes and CFG rows form own groups."""
         t0 = time.perf_counter()
         groups: dict[str, list[int]] = {}
-        for i, s in enumerate(seqs):
-            if s.params.cfg_scale > 0:
-                mode = "cfg"
-            elif self.kv is None:
-                mode = "full"
-            else:
-                mode = "store" if s.step_in_block == 0 else "cached"
+        plans = [self._plan(s) for s in seqs]
+        for i, (mode, _) in enumerate(plans):
             groups.setdefault(mode, []).append(i)
         results: list[RowResult] = [RowResult([], [], [])] * len(seqs)
         committed, graphed, biggest = 0, False, None
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
-            bucket, ints, floats = self._pack(group)
-            commit, new, conf, graphed_now = self._execute(mode, group, bucket, ints, floats)
+            bucket, ints, floats, spans = self._pack(group, mode, [plans[i][1] for i in members])
+            commit, new, conf, graphed_now = self._execute(mode, group, bucket, ints, floats, spans)
             # The one host synchronisation of the step (per group).
             commit_h, new_h, conf_h = commit[:len(group)].cpu(), new[:len(group)].cpu(), conf[:len(group)].float().cpu()
             for r, i in enumerate(members):
@@ -133,46 +180,55 @@ class Runner:
         return results, StepStats(len(seqs), biggest.B, biggest.L, biggest.W, committed,
                                   time.perf_counter() - t0, graphed, len(groups) + ("cfg" in groups))
 
-    def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor):
+    def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor,
+                 spans: list[tuple[int, int]]):
         if mode == "full" and self.use_graphs:
             return (*self._replay(b, ints, floats), True)
+        scale = None
         if mode == "cfg":
             scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
-            return (*self._compute(b, ints, floats, cfg_scale=scale), False)
-        return (*self._compute(b, ints, floats, mode=mode), False)
+        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans), False)
 
     # ------------------------------------------------------------------ device side
 
     def _compute(self, b: Bucket, ints: torch.Tensor, floats: torch.Tensor, mode: str = "full",
-                 cfg_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Forward + selection + write-back for one bucket. Fixed shapes, no host sync."""
+                 cfg_scale: torch.Tensor | None = None, spans: list[tuple[int, int]] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forward + selection + write-back for one bucket. Fixed shapes; no host sync unless
+        `spans` asks for the published tie order (the eager path)."""
         B, L, W = b.B, b.L, b.W
         idx = ints[IDX]
         ids = self.canvas[idx, self.max_len - L:]  # (B, L) left-padded batch
         col = torch.arange(L, device=self.device)
-        valid = col[None, :] >= (L - ints[LENGTH])[:, None]  # (B, L) False at padding
+        pad = (L - ints[LENGTH])[:, None]  # (B, 1) padding columns of each row
+        valid = col[None, :] >= pad if b.padded else None  # (B, L) False at padding
+        positions = (col[None, :] - pad).clamp_min(0)  # (B, L) from each row's first real token
         start = L - ints[GEN_LEN] + ints[BLOCK_START]  # (B,) block start, batch coordinates
         w = torch.arange(W, device=self.device)
         in_block = w[None, :] < ints[BLOCK_LEN][:, None]  # (B, W)
         out_index = (start[:, None] + w[None, :]).clamp(max=L - 1)
-        positions = (self.max_len - L + col).expand(B, L)  # absolute buffer columns
 
-        if mode == "cached":
-            logits = self._cached_logits(ids, idx, valid, start, in_block, out_index, positions, ints, b.tail)
+        if mode.startswith("cached"):
+            logits = self._cached_logits(ids, idx, valid, start, positions, b.fresh, W, mode.endswith("-lead"))
         elif mode == "store":
             logits, kvs = self.model(ids, key_mask=valid, positions=positions, out_index=out_index, return_kv=True)
-            self.kv.write(idx, kvs)
+            self._cache_store().write(idx, kvs)
         else:
             logits = self.model(ids, key_mask=valid, positions=positions, out_index=out_index)
             if cfg_scale is not None:
                 logits = self._guided(logits, ids, valid, positions, out_index, ints, cfg_scale)
 
         tokens = torch.gather(ids, 1, out_index)
-        candidate = in_block & (tokens == self.mask_id)
-        new, commit, conf = select_tokens(
+        candidate = in_block & (tokens == self.mask_id) & ((ints[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
+        dream = self.model.cfg.logit_shift  # Dream's sampler: softmax argmax, model-dtype confidences
+        x0, commit, conf, n_commit = select_tokens(
             logits, tokens, candidate, k=ints[K], temperature=floats[0], remask=ints[REMASK],
-            threshold=floats[1].float(), factor=floats[2].float(), seed=ints[SEED], step=ints[STEP],
-            pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random)
+            threshold=floats[1], factor=floats[2], seed=ints[SEED], step=ints[STEP],
+            pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
+            factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream)
+        if spans is not None and not self.use_graphs:
+            commit = topk_commit(conf, candidate, n_commit.tolist(), floats[1].tolist(), spans)
+        new = torch.where(commit, x0, tokens)
         # Write back by position. Window columns past the row's end are not clamped here (the
         # duplicates would race): they land in scratch columns. Padding rows touch the spare row.
         scratch = torch.cat([ids, ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)
@@ -180,24 +236,25 @@ class Runner:
         self.canvas[idx, self.max_len - L:] = ids
         return commit, new, conf
 
-    def _cached_logits(self, ids, idx, valid, start, in_block, out_index, positions, ints, tail: int) -> torch.Tensor:
-        """Recompute only the block (dual) or block + suffix (prefix); the rest comes from the cache."""
-        B, L = ids.shape
-        col = torch.arange(L, device=self.device)
-        if self.cache_mode == "dual":
-            fresh_index, fresh_ok = out_index, in_block
-            cached_ok = valid & ~((col[None, :] >= start[:, None])
-                                  & (col[None, :] < (start + ints[BLOCK_LEN])[:, None]))
-        else:  # prefix: the block and everything after it is fresh
-            f = torch.arange(tail, device=self.device)
-            fresh_index = (start[:, None] + f[None, :]).clamp(max=L - 1)
-            fresh_ok = (start[:, None] + f[None, :]) < L
-            cached_ok = valid & (col[None, :] < start[:, None])
-        fresh_ids = torch.gather(ids, 1, fresh_index)
-        fresh_pos = torch.gather(positions, 1, fresh_index)
-        cache = self.kv.read(idx, L, cached_ok)
-        logits = self.model(fresh_ids, key_mask=fresh_ok, positions=fresh_pos, cache=cache)  # (B, F, V)
-        return logits[:, :out_index.shape[1]]  # the block opens the fresh window
+    def _cached_logits(self, ids, idx, valid, start, positions, fresh: int, W: int, lead: bool) -> torch.Tensor:
+        """Recompute only the fresh columns — the block (dual) or block to end (prefix) — over
+        the row's cached keys/values, which hold the rest from the block's first step.
+
+        Dream's logit at a column comes from the hidden state one column to its left; the model
+        shifts inside the window, so the window's first logit is its own column's. With `lead`
+        the window starts one column before the block so that the block's first logit is fresh.
+        """
+        L = ids.shape[1]
+        lead = int(lead)
+        f = torch.arange(fresh, device=self.device)
+        fresh_cols = (start[:, None] - lead + f[None, :]).clamp(max=L - 1)  # (B, F)
+        # Columns past a row's end repeat its last column; their duplicate keys are masked off
+        # by writing them where the real last column already is (same value, same column).
+        fresh_ids = torch.gather(ids, 1, fresh_cols)
+        fresh_pos = torch.gather(positions, 1, fresh_cols)
+        cache = self.kv.read(idx, L, valid, fresh_cols)
+        logits = self.model(fresh_ids, positions=fresh_pos, cache=cache)  # (B, F, V)
+        return logits[:, lead:lead + W]  # the block opens the fresh window
 
     def _guided(self, logits, ids, valid, positions, out_index, ints, scale) -> torch.Tensor:
         """Classifier-free guidance: the same rows with their prompts masked, then un + (s+1)(c-un)."""

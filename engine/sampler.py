@@ -8,8 +8,10 @@ Two paths over the same model:
   CUDA graph. The runner calls it; it commits the same tokens as the reference where
   confidences are not tied.
 
-Tie-break rule (batched): among equal confidences the lower canvas position is committed first
-(a stable descending sort).
+Confidences are computed in float64 over the window, as LLaDA's first published generate() and
+Fast-dLLM do: a trained model puts many positions at probability 1.0 in float32 (EOS tails),
+and float64 keeps them apart. Tie-break rule (batched): among equal confidences the lower canvas
+position is committed first (a stable descending sort).
 
 Randomness is counter-based: the uniform number of (seed, step, position, vocab id) is a hash,
 so a request draws the same noise alone or inside any batch, on any device.
@@ -17,15 +19,19 @@ so a request draws the same noise alone or inside any batch, on any device.
 
 from __future__ import annotations
 
+import functools
+import struct
 from typing import Callable, Optional, Sequence
+from typing import Sequence as Seq
 
 import torch
 import torch.nn.functional as F
 
-from engine.params import REMASKING, SamplingParams
+from engine.params import FACTOR_RULES, REMASKING, SamplingParams
 
 NEG_INF = float("-inf")
 REMASK_CODE = {name: i for i, name in enumerate(REMASKING)}
+FACTOR_RULE_CODE = {name: i for i, name in enumerate(FACTOR_RULES)}
 _M32 = 0xFFFFFFFF
 
 
@@ -33,6 +39,28 @@ def transfer_schedule(n_masked: int, steps: int) -> list[int]:
     """Tokens to commit at each of `steps` steps: n//S each, plus one in the first n%S steps."""
     base, rem = divmod(n_masked, steps)
     return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+def _f32(x: float) -> float:
+    """Round a double to float32. One IEEE op on float32 inputs computed in double and rounded
+    once gives exactly the float32 result, so this reproduces torch's float32 scalar maths."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _dream_timesteps(steps: int, eps: float) -> tuple[float, ...]:
+    return tuple(torch.linspace(1, eps, steps + 1, dtype=torch.float32).tolist())
+
+
+def dream_transfer_count(n_masked: int, step: int, steps: int, eps: float) -> int:
+    """Dream's `diffusion_generate` schedule: at step i of S, with t, s = timesteps[i], [i+1]
+    of linspace(1, eps, S+1), commit int(n * (1 - s/t)) of the n still-masked positions, and
+    every remaining one at the last step. float32 throughout, as Dream computes it."""
+    if step >= steps - 1:
+        return n_masked
+    ts = _dream_timesteps(steps, eps)
+    ratio = _f32(1.0 - _f32(ts[step + 1] / ts[step]))
+    return int(_f32(float(n_masked) * ratio))
 
 
 # ---------------------------------------------------------------- counter-based randomness
@@ -68,18 +96,23 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tens
 
 # ---------------------------------------------------------------- confidence measures
 
-def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor]) -> torch.Tensor:
-    """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W)."""
-    p = F.softmax(logits.float(), dim=-1)
-    prob = torch.gather(p, -1, x0[..., None]).squeeze(-1)  # LLaDA low_confidence
+def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W).
+
+    dtype: float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published
+    code keeps the logits' own dtype, so its family passes that.
+    """
+    p = F.softmax(logits.to(dtype), dim=-1)
+    prob = torch.gather(p, -1, x0[..., None]).squeeze(-1)  # LLaDA low_confidence, Dream maskgit_plus
     top2 = torch.topk(p, 2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]  # Dream topk_margin
-    neg_entropy = (p * torch.log(p.clamp_min(1e-30))).sum(-1)  # Dream entropy
+    neg_entropy = (p * torch.log(p + 1e-10)).sum(-1)  # Dream entropy, with its epsilon
     code = remask[:, None]
     conf = torch.where(code == REMASK_CODE["margin"], margin, prob)
     conf = torch.where(code == REMASK_CODE["entropy"], neg_entropy, conf)
     if u_random is not None:
-        conf = torch.where(code == REMASK_CODE["random"], u_random.float(), conf)
+        conf = torch.where(code == REMASK_CODE["random"], u_random.to(dtype), conf)
     return conf
 
 
@@ -88,40 +121,98 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
 def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.Tensor, k: torch.Tensor,
                   temperature: torch.Tensor, remask: torch.Tensor, threshold: torch.Tensor, factor: torch.Tensor,
                   seed: torch.Tensor, step: torch.Tensor, pos: torch.Tensor, sampling: bool, any_random: bool,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  factor_rule: Optional[torch.Tensor] = None, conf_dtype: torch.dtype = torch.float64,
+                  x0_from_probs: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One denoising selection over a window of each row (usually its current block).
 
     logits (B, W, V); tokens (B, W) current ids; candidate (B, W) True where masked and inside
     the row's current block; k (B,) tokens to commit under the fixed schedule; threshold / factor
-    (B,) > 0 switch a row to the adaptive rules; seed, step (B,) and pos (B, W) key the noise.
+    (B,, float64) > 0 switch a row to the adaptive rules, factor_rule (B,) picks the factor rule's
+    variant (FACTOR_RULE_CODE; default Fast-dLLM's); seed, step (B,) and pos (B, W) key the noise.
     `sampling` / `any_random` are host-known flags (any temperature > 0, any random remasking)
-    that skip work, never change results. Returns new tokens (B, W), committed mask (B, W) and
-    the confidences (B, W).
+    that skip work, never change results. conf_dtype / x0_from_probs follow the model family's
+    published sampler (Dream takes x0 as the first maximum of its softmax, in the logits dtype).
+    Returns the candidate tokens x0 (B, W), committed mask (B, W), the confidences (B, W) and
+    how many tokens each row commits (B,).
     """
     B, W, V = logits.shape
     if sampling:
         scores = gumbel_scores(logits, temperature, uniform_noise(seed, step, pos, V, stream=0))
         x0 = scores.argmax(-1)
+    elif x0_from_probs:
+        x0 = F.softmax(logits, dim=-1).argmax(-1)  # ties of the rounded probabilities: first wins
     else:
         x0 = logits.argmax(-1)  # (B, W)
     u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
-    conf = confidences(logits, x0, remask, u_random)
+    conf = confidences(logits, x0, remask, u_random, conf_dtype)
     conf = torch.where(candidate, conf, torch.full_like(conf, NEG_INF))
 
     # Rank candidates by confidence; a stable sort breaks ties towards lower positions.
     sorted_conf, order = torch.sort(conf, dim=-1, descending=True, stable=True)
     ranks = torch.empty_like(order).scatter_(1, order, torch.arange(W, device=order.device).expand(B, W))
     n_cand = candidate.sum(-1)  # (B,)
-    # Threshold (Fast-dLLM): the top-1 plus every candidate at or above the threshold.
-    n_thr = (sorted_conf >= threshold[:, None]).sum(-1).clamp_min(1)
-    # Factor rule (Fast-dLLM): the largest n with (n + 1) * (1 - c_(n)) < f, at least one.
-    n_idx = torch.arange(1, W + 1, device=logits.device, dtype=torch.float32)
-    ok = ((n_idx + 1) * (1 - sorted_conf.float()) < factor[:, None]) & (sorted_conf > NEG_INF)
-    n_fac = torch.where(ok, n_idx, torch.zeros_like(n_idx)).amax(-1).long().clamp_min(1)
-    n_commit = torch.where(threshold > 0, n_thr, torch.where(factor > 0, n_fac, k))
+    # Threshold (Fast-dLLM): the top-1 plus every candidate at or above the threshold, compared
+    # in the confidences' dtype as the published code compares its tensor with a Python float.
+    n_thr = (sorted_conf >= threshold.to(conf.dtype)[:, None]).sum(-1).clamp_min(1)
+    n_commit = torch.where(threshold > 0, n_thr, torch.where(factor > 0, _factor_count(sorted_conf, factor,
+                                                                                        n_cand, factor_rule), k))
     n_commit = torch.minimum(n_commit, n_cand)
     commit = (ranks < n_commit[:, None]) & candidate
-    return torch.where(commit, x0, tokens), commit, conf
+    return x0, commit, conf, n_commit
+
+
+def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int], threshold: Seq[float],
+                spans: Seq[tuple[int, int]]) -> torch.Tensor:
+    """The committed positions as the published loops choose them: `torch.topk` over the very
+    array they rank (-inf but for the candidates), whose order among tied confidences is its own.
+
+    conf, candidate (B, W) over each row's window; n_commit (B,) from `select_tokens` (counts do
+    not depend on ties); threshold (B,) > 0 for threshold rows, whose published top-1 is the
+    first of topk over every candidate; spans (B,) of (array length, window offset in it).
+    Host-side, one small topk per row: the eager path; CUDA graphs keep the stable order.
+    """
+    B, W = conf.shape
+    commit = torch.zeros_like(candidate)
+    n_cand = candidate.sum(-1).tolist()
+    for r in range(B):
+        length, off = spans[r]
+        if n_commit[r] <= 0 or length <= 0:
+            continue
+        width = min(W, length - off)
+        arr = conf.new_full((length,), NEG_INF)
+        arr[off:off + width] = conf[r, :width]
+        if threshold[r] > 0:
+            first = int(torch.topk(arr, int(n_cand[r])).indices[0]) - off
+            row = candidate[r] & (conf[r] >= torch.tensor(threshold[r], dtype=conf.dtype))
+            row[first] = True
+        else:
+            row = torch.zeros(W, dtype=torch.bool, device=conf.device)
+            row[torch.topk(arr, int(n_commit[r])).indices - off] = True
+        commit[r] = row & candidate[r]
+    return commit
+
+
+def _factor_count(sorted_conf: torch.Tensor, factor: torch.Tensor, n_cand: torch.Tensor,
+                  rule: Optional[torch.Tensor]) -> torch.Tensor:
+    """How many of the descending confidences (B, W) the factor rule commits, per row.
+
+    Fast-dLLM's published `get_transfer_index_dynamic` keeps the leading run of c_n >=
+    1 - f/(n+1) (n >= 2; the top-1 always) in float64, and when only the last candidate fails
+    it commits that one too; its accuracy figures come from that code, so it is the default.
+    The paper's rule is the largest n with (n+1)(1 - c_n) < f, at least one.
+    """
+    f = factor.double()[:, None]
+    n = torch.arange(1, sorted_conf.shape[1] + 1, device=sorted_conf.device, dtype=torch.float64)
+    real = sorted_conf > NEG_INF
+    passes = ((sorted_conf >= 1 - f / (n + 1)) | (n == 1)) & real  # c decreasing, bound rising: a prefix
+    n_pass = passes.sum(-1)
+    fast_dllm = torch.where(n_pass == n_cand - 1, n_cand, n_pass)
+    ok = ((n + 1) * (1 - sorted_conf) < f) & real
+    paper = torch.where(ok, n, torch.zeros_like(n)).amax(-1).long().clamp_min(1)
+    if rule is None:
+        return fast_dllm
+    return torch.where(rule == FACTOR_RULE_CODE["paper"], paper, fast_dllm)
 
 
 # ---------------------------------------------------------------- reference reverse process
@@ -182,6 +273,8 @@ def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingPar
                 n_left = int(mask_index[j, start:end].sum())
                 if p.adaptive:  # commit the top-1 and whatever the rule admits
                     k = _adaptive_count(confidence[j, start:end], p, n_left)
+                elif p.schedule == "dream":
+                    k = dream_transfer_count(n_left, i, p.steps_per_block, p.eps)
                 else:
                     k = schedule[j][i]
                 _, idx = torch.topk(confidence[j], k=k)
@@ -202,8 +295,13 @@ def _adaptive_count(conf: torch.Tensor, p: SamplingParams, n_left: int) -> int:
     c = sorted(conf[conf > NEG_INF].tolist(), reverse=True)
     if p.threshold is not None:
         n = 1 + sum(1 for v in c[1:] if v >= p.threshold)
-    else:
+    elif p.factor_rule == "paper":
         n = max([i for i in range(1, len(c) + 1) if (i + 1) * (1 - c[i - 1]) < p.factor] or [1])
+    else:  # Fast-dLLM's code: the leading run clearing 1 - f/(n+1), all of them if only the last fails
+        n = 1
+        while n < len(c) and c[n] >= 1 - p.factor / (n + 2):
+            n += 1
+        n = len(c) if n == len(c) - 1 else n
     return min(n, n_left)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from engine.params import SamplingParams
-from engine.sampler import transfer_schedule
+from engine.sampler import dream_transfer_count, transfer_schedule
 
 
 class FinishReason(enum.Enum):
@@ -100,6 +100,10 @@ class Sequence:
     @property
     def tokens_this_step(self) -> int:
         """Fixed-schedule commit count for the next step (ignored by adaptive rules)."""
+        p = self.params
+        if p.schedule == "dream":  # from the masks still left in the block, every step
+            n_masked = self.canvas[self.block_start:self.block_start + p.block_length].count(self.mask_id)
+            return dream_transfer_count(n_masked, self.step_in_block, p.steps_per_block, p.eps)
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]  # adaptive may run past it
 
     @property

@@ -47,7 +47,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
     if a.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
-                          "finish_reason": res.finish_reason.value, "seed": res.seed}))
+                          "finish_reason": res.finish_reason.value, "seed": res.seed,
+                          "kv_cache": llm.runner.config.kv_cache}))
     else:
         print(res.text)
     return 0

@@ -20,7 +20,7 @@ def test_cached_forward_equals_full_forward_when_cache_is_fresh(mode):
     ids = torch.randint(5, 300, (2, L))
     col = torch.arange(L)
     valid = col[None] >= (L - lengths)[:, None]
-    positions = (max_len - L + col).expand(2, L)
+    positions = (col[None] - (L - lengths)[:, None]).clamp_min(0)
     full, kvs = model(ids, key_mask=valid, positions=positions, return_kv=True)
     store = KVCacheStore(model.cfg, rows=3, max_len=max_len, device=torch.device("cpu"), dtype=torch.float32)
     rows = torch.tensor([2, 0])
@@ -28,16 +28,32 @@ def test_cached_forward_equals_full_forward_when_cache_is_fresh(mode):
     start, blen = torch.tensor([16, 12]), 4
     if mode == "dual":
         fresh = start[:, None] + torch.arange(blen)
-        cached_ok = valid & ~((col >= start[:, None]) & (col < (start + blen)[:, None]))
     else:
         fresh = (start[:, None] + torch.arange(L - 12)).clamp(max=L - 1)
-        cached_ok = valid & (col < start[:, None])
-    fresh_ok = (start[:, None] + torch.arange(fresh.shape[1])) < L
-    out = model(torch.gather(ids, 1, fresh), key_mask=fresh_ok, positions=torch.gather(positions, 1, fresh),
-                cache=store.read(rows, L, cached_ok))
+    out = model(torch.gather(ids, 1, fresh), positions=torch.gather(positions, 1, fresh),
+                cache=store.read(rows, L, valid, fresh))
     for r in range(2):
-        n = int(fresh_ok[r].sum())
+        n = int((start[r] + torch.arange(fresh.shape[1]) < L).sum())
         torch.testing.assert_close(out[r, :n], full[r, fresh[r, :n]], atol=1e-4, rtol=1e-4)
+
+
+def test_cached_forward_sees_the_fresh_block_not_the_stale_one():
+    """After the block changes, a dual-cache forward of the block uses the new block keys.
+
+    With one layer the keys of unchanged columns depend only on their own ids, so the dual
+    cache is exact there and the cached block must equal a full forward of the new canvas."""
+    model = random_model(tiny_config(n_layers=1), seed=1)
+    L = 12
+    ids = torch.randint(5, 300, (1, L))
+    _, kvs = model(ids, return_kv=True)
+    store = KVCacheStore(model.cfg, rows=1, max_len=L, device=torch.device("cpu"), dtype=torch.float32)
+    store.write(torch.tensor([0]), kvs)
+    changed = ids.clone()
+    changed[0, 4:8] = torch.randint(5, 300, (4,))
+    fresh = torch.arange(4, 8)[None]
+    out = model(changed[:, 4:8], positions=fresh, cache=store.read(torch.tensor([0]), L, None, fresh))
+    exact_dual = model(changed)[:, 4:8]
+    torch.testing.assert_close(out, exact_dual, atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module", params=["dual", "prefix"])

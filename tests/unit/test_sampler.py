@@ -117,16 +117,17 @@ def test_batched_mode_matches_reference_mode_for_every_decoder(tiny_llm, extra):
     assert seq.nfe == nfe
 
 
-def _select(conf_logits, k=None, threshold=0.0, factor=0.0):
+def _select(conf_logits, k=None, threshold=0.0, factor=0.0, rule=None):
     """Run select_tokens on one row whose x0 probabilities are given by conf_logits (W, V)."""
     logits = conf_logits[None]
     W = logits.shape[1]
     z = torch.zeros(1, dtype=torch.long)
-    return select_tokens(
+    x0, commit, conf, _ = select_tokens(
         logits, torch.full((1, W), 99), torch.ones(1, W, dtype=torch.bool),
         k=torch.tensor([k or 0]), temperature=torch.zeros(1, dtype=torch.float64), remask=z,
-        threshold=torch.tensor([threshold]), factor=torch.tensor([factor]), seed=z, step=z,
-        pos=torch.arange(W)[None], sampling=False, any_random=False)
+        threshold=torch.tensor([threshold], dtype=torch.float64), factor=torch.tensor([factor], dtype=torch.float64),
+        seed=z, step=z, pos=torch.arange(W)[None], sampling=False, any_random=False, factor_rule=rule)
+    return x0, commit, conf
 
 
 def peaked(probs):
