@@ -20,7 +20,7 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
 from engine.runner import Runner, StepStats
@@ -128,8 +128,6 @@ class RequestStream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ended = False  # the engine has delivered its last event (or an error)
         self.closed = False
-        self.held = False  # the door keeps the admission place past close (see hold)
-        self.released = False
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -146,16 +144,6 @@ class RequestStream:
 
     def close(self) -> None:
         self.scheduler._close(self)
-
-    def hold(self) -> Callable[[], None]:
-        """Keep this stream's admission place after `close` until the returned function is called:
-        for a transport that buffers what the handler sent, so a stream whose client reads nothing
-        stays counted until the transport is really done with it."""
-        self.held = True
-        return self.release
-
-    def release(self) -> None:
-        self.scheduler._release(self)
 
     async def aclose(self) -> None:
         self.close()
@@ -249,15 +237,6 @@ class Scheduler:
         self._wake.set()
         return stream
 
-    async def generate(self, seq: Sequence) -> AsyncIterator[StepEvent]:
-        """Offline convenience: submit and iterate, closing the stream at the end."""
-        stream = self.submit(seq)
-        try:
-            async for ev in stream:
-                yield ev
-        finally:
-            stream.close()
-
     def cancel(self, request_id: str) -> None:
         """Cancel the running request with this id, if any (its door still closes its stream)."""
         stream = self._ids.get(request_id)
@@ -284,13 +263,7 @@ class Scheduler:
             return
         self._end(stream, cancel=True)
         stream.closed = True
-        if not stream.held:
-            self._release(stream)
-
-    def _release(self, stream: RequestStream) -> None:
-        if not stream.released:
-            stream.released = True
-            self._open -= 1
+        self._open -= 1
 
     def _deliver(self, stream: Optional[RequestStream], ev: Optional[StepEvent]) -> None:
         if stream is None or stream.ended:

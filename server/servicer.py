@@ -32,11 +32,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             try:
                 plan = convert.stream_plan(request)
-                stream = await life.submit(convert.engine_request(request, self.llm.defaults))
-                # gRPC buffers what a handler yields: a client that reads nothing leaves the handler
-                # finished but the call open. The place in admission is given back when the call ends.
-                release = stream.hold()
-                context.add_done_callback(lambda _: release())
+                await life.submit(convert.engine_request(request, self.llm.defaults))
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
                 life.fail(e)
