@@ -46,3 +46,24 @@ class KVCacheStore:
         keys = [k[rows, :, self.max_len - L:] for k in self.keys]
         values = [v[rows, :, self.max_len - L:] for v in self.values]
         return KVCache(keys, values, key_mask, fresh)
+
+
+class BlockKVStore(KVCacheStore):
+    """The exact cache of block-diffusion models: per slot, the keys/values of every committed
+    block at its absolute column (left-aligned, column = position), written once per block."""
+
+    def read_prefix(self, rows: torch.Tensor, Lc: int, scratch: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of columns [0, Lc) of `rows`, followed by `scratch` zero columns where padded
+        fresh positions can land without being attended."""
+        def read(t: torch.Tensor) -> torch.Tensor:
+            part = t[rows, :, :Lc]
+            return torch.cat([part, part.new_zeros(*part.shape[:2], scratch, part.shape[3])], dim=2)
+
+        return [read(k) for k in self.keys], [read(v) for v in self.values]
+
+    def write_columns(self, slots: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor, width_index: torch.Tensor,
+                      kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """keys[layer][slots[m], :, cols[m]] = fresh[layer][rows[m], :, width_index[m]] for every m."""
+        for layer, (k, v) in enumerate(kvs):
+            self.keys[layer][slots, :, cols] = k[rows, :, width_index]
+            self.values[layer][slots, :, cols] = v[rows, :, width_index]

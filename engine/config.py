@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from engine.errors import ModelLoadError
 
-Arch = Literal["llada", "dream"]
+Arch = Literal["llada", "dream", "sdar", "llada2"]
+BLOCK_ARCHS = ("sdar", "llada2")  # block diffusion: causal across blocks, exact KV cache
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,24 @@ class ModelConfig:
     scale_logits: bool = False  # LLaDA: logits scaled by 1/sqrt(d_model)
     max_sequence_length: int = 4096
     name: str = "model"
+    # Block-diffusion families (SDAR: Qwen3 layout; LLaDA2: MoE).
+    explicit_head_dim: int = 0  # config `head_dim` when it is not d_model / n_heads
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
+    partial_rotary_factor: float = 1.0  # LLaDA2 rotates only the first part of each head
+    out_bias: bool = False  # bias on the attention output projection
+    logits_fp32: bool = False  # LLaDA2 returns float32 logits
+    block_length: int = 0  # the trained block size of a block-diffusion model
+    num_experts: int = 0  # MoE layers (0: dense); see engine/moe.py
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_hidden_size: int = 0
+    first_dense_layers: int = 0  # LLaDA2's first_k_dense_replace
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if not self.explicit_head_dim and self.d_model % self.n_heads:
             raise ModelLoadError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ModelLoadError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
@@ -49,7 +65,19 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.explicit_head_dim or self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def family(self) -> str:
+        """`block` (grows block by block over an exact cache) or `full` (denoises a whole canvas)."""
+        return "block" if self.arch in BLOCK_ARCHS else "full"
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i >= self.first_dense_layers
 
     @property
     def rope_fp32(self) -> bool:
@@ -62,8 +90,10 @@ class ModelConfig:
         return self.arch == "dream"
 
     def to_json(self) -> dict[str, Any]:
-        """LLaDA-style keys, which is the format celeris writes."""
-        d = asdict(self)
+        """LLaDA-style keys, which is the format celeris writes (full-canvas models only)."""
+        if self.family == "block":
+            raise ModelLoadError("celeris writes block-diffusion models in their published format only")
+        d = {k: v for k, v in asdict(self).items() if k in _LLADA_KEYS}
         d["architectures"] = ["LLaDAModelLM"] if self.arch == "llada" else ["DreamModel"]
         return d
 
@@ -71,6 +101,10 @@ class ModelConfig:
     def from_json(cls, raw: dict[str, Any], name: str = "model") -> ModelConfig:
         archs = [a.lower() for a in raw.get("architectures", [])]
         is_dream = raw.get("model_type") == "Dream" or any("dream" in a for a in archs)
+        if raw.get("model_type") == "sdar" or "sdarforcausallm" in archs:
+            return _sdar_config(raw, name)
+        if raw.get("model_type") == "llada2_moe" or "llada2moemodellm" in archs:
+            return _llada2_config(raw, name)
         if "d_model" in raw:  # LLaDA naming
             _refuse_unsupported(raw, _LLADA_SUPPORTED)
             vocab = int(raw["vocab_size"])
@@ -154,6 +188,65 @@ _QWEN2_SUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+_LLADA_KEYS = ("arch", "d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "vocab_size",
+               "embedding_size", "rope_theta", "rms_norm_eps", "mask_token_id", "eos_token_id", "weight_tying",
+               "qkv_bias", "input_emb_norm", "scale_logits", "max_sequence_length", "name")
+_BLOCK_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu",),
+    "rope_scaling": (None,),
+    "use_sliding_window": (False, None),
+}
+
+
+def _ids(raw: dict[str, Any], key: str, default: int) -> int:
+    v = raw.get(key, default)
+    return int(v[0] if isinstance(v, list) else v)
+
+
+def _sdar_config(raw: dict[str, Any], name: str) -> ModelConfig:
+    """SDAR (JetAstra): the Qwen3 layout — q/k norms, GQA, explicit head_dim — trained in blocks."""
+    _refuse_unsupported(raw, _BLOCK_SUPPORTED)
+    heads = int(raw["num_attention_heads"])
+    return ModelConfig(
+        arch="sdar", d_model=int(raw["hidden_size"]), n_heads=heads,
+        n_kv_heads=int(raw.get("num_key_value_heads") or heads), n_layers=int(raw["num_hidden_layers"]),
+        mlp_hidden_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
+        embedding_size=int(raw["vocab_size"]), rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), mask_token_id=_ids(raw, "mask_token_id", 151669),
+        eos_token_id=_ids(raw, "eos_token_id", 151643), weight_tying=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=bool(raw.get("attention_bias", False)), out_bias=bool(raw.get("attention_bias", False)),
+        explicit_head_dim=int(raw.get("head_dim") or 0), qk_norm=True,
+        max_sequence_length=int(raw.get("max_position_embeddings", 32768)),
+        block_length=int(raw.get("block_size", 4)), name=str(raw.get("name", name)))
+
+
+def _llada2_config(raw: dict[str, Any], name: str) -> ModelConfig:
+    """LLaDA2.x (inclusionAI): MoE with shared experts and a grouped sigmoid router, block 32.
+
+    Its published generate() takes mask and EOS ids as arguments (156895, 156892); a config that
+    records `mask_token_id` / `eos_token_id` overrides them.
+    """
+    _refuse_unsupported(raw, _BLOCK_SUPPORTED)
+    heads = int(raw["num_attention_heads"])
+    return ModelConfig(
+        arch="llada2", d_model=int(raw["hidden_size"]), n_heads=heads,
+        n_kv_heads=int(raw.get("num_key_value_heads") or heads), n_layers=int(raw["num_hidden_layers"]),
+        mlp_hidden_size=int(raw.get("intermediate_size") or 0), vocab_size=int(raw["vocab_size"]),
+        embedding_size=int(raw["vocab_size"]), rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)), mask_token_id=_ids(raw, "mask_token_id", 156895),
+        eos_token_id=_ids(raw, "eos_token_id", 156892), weight_tying=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=bool(raw.get("use_qkv_bias", False)), out_bias=bool(raw.get("use_bias", True)),
+        explicit_head_dim=int(raw.get("head_dim") or 0), qk_norm=bool(raw.get("use_qk_norm", True)),
+        partial_rotary_factor=float(raw.get("partial_rotary_factor", 0.5)), logits_fp32=True,
+        max_sequence_length=int(raw.get("max_position_embeddings", 16384)), block_length=32,
+        num_experts=int(raw.get("num_experts") or 0), experts_per_token=int(raw.get("num_experts_per_tok", 2)),
+        num_shared_experts=int(raw.get("num_shared_experts") or 0),
+        moe_hidden_size=int(raw.get("moe_intermediate_size") or 0),
+        first_dense_layers=int(raw.get("first_k_dense_replace", 0)), n_group=int(raw.get("n_group", 8)),
+        topk_group=int(raw.get("topk_group", 4)), routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
+        name=str(raw.get("name", name)))
+
+
 def _refuse_unsupported(raw: dict[str, Any], supported: dict[str, tuple[Any, ...]]) -> None:
     bad = [f"{k}={raw[k]!r} (supported: {', '.join(map(repr, ok))})"
            for k, ok in supported.items() if k in raw and raw[k] not in ok]
@@ -175,7 +268,8 @@ class EngineConfig:
     length_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graphs: bool = True  # only used on CUDA
-    kv_cache: Literal["none", "prefix", "dual"] = "none"
+    kv_cache: Literal["none", "prefix", "dual"] = "none"  # full-canvas models; block models keep an exact one
+    prefill_chunk: int = 256  # block models: most prompt tokens one request prefills per step
     extra: dict[str, Any] = field(default_factory=dict)
 
     def bucket_length(self, n: int) -> int:

@@ -22,6 +22,8 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import FieldViolation, InvalidRequest, ModelLoadError, clip
 from engine.model import MaskPredictor, count_parameters
 from engine.params import SamplingParams
+from engine.block_runner import BlockRunner
+from engine.block_sequence import BlockSequence
 from engine.runner import Runner
 from engine.scheduler import StepLoop
 from engine.sequence import FinishReason, Sequence, StepEvent
@@ -58,24 +60,31 @@ class Result:
     prompt_tokens: int
 
 
-def model_defaults(folder: Path) -> SamplingParams:
-    """Sampling defaults a checkpoint recommends in `generation_config.json` (celeris keys)."""
+def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingParams:
+    """Sampling defaults a checkpoint recommends in `generation_config.json` (celeris keys).
+
+    A block-diffusion model decodes in its trained block size, one token per step by default
+    (SDAR's and LLaDA2's published step counts equal the block length).
+    """
+    base = SamplingParams()
+    if cfg is not None and cfg.family == "block":
+        base = replace(base, block_length=cfg.block_length, steps=base.gen_length)
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
-        return SamplingParams()
+        return base.validate()
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
     known = {f.name for f in fields(SamplingParams)} - {"seed"}
-    return SamplingParams(**{k: v for k, v in raw.items() if k in known}).validate()
+    return replace(base, **{k: v for k, v in raw.items() if k in known}).validate()
 
 
 class LLM:
     def __init__(self, model: MaskPredictor, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.defaults, self.name = model, tokenizer, config, defaults, name
-        self.runner = Runner(model, config)
+        self.runner = BlockRunner(model, config) if model.cfg.family == "block" else Runner(model, config)
         self.loop = StepLoop(self.runner, config.max_queue)
         # Tokenizing is CPU work proportional to the input: keep it off the server's event loop.
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
@@ -87,7 +96,7 @@ class LLM:
         folder = Path(folder) if folder is not None else EMBEDDED_MODEL
         model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
-        return cls(model, tok, config, defaults or model_defaults(folder), name=model.cfg.name)
+        return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -231,10 +240,32 @@ class LLM:
         params = params.validate(self.config.max_gen_length)
         if params.seed is None:
             params = params.with_seed(secrets.randbits(63))
+        rid = request_id or uuid.uuid4().hex
+        if self.model.cfg.family == "block":
+            self._check_block_params(params)
+            return BlockSequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id,
+                                 stop_ids=self.tokenizer.stop_ids, prefill_chunk=self.config.prefill_chunk)
         if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
             params = replace(params, kv_cache=self.config.kv_cache)
-        return Sequence(request_id or uuid.uuid4().hex, prompt_ids, params,
-                        mask_id=self.tokenizer.mask_id, stop_ids=self.tokenizer.stop_ids)
+        return Sequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id, stop_ids=self.tokenizer.stop_ids)
+
+    @property
+    def kv_cache(self) -> str:
+        """What the engine caches by default: `exact` for block models, else the approximate mode."""
+        return "exact" if self.model.cfg.family == "block" else self.config.kv_cache
+
+    def _check_block_params(self, p: SamplingParams) -> None:
+        bad = []
+        if p.kv_cache not in (None, "none"):
+            bad.append(FieldViolation("kv_cache", "block-diffusion models always decode over their exact block "
+                                                  "cache; prefix/dual are full-canvas approximations"))
+        if p.schedule != "llada":
+            bad.append(FieldViolation("schedule", "block-diffusion models use their published per-block schedule"))
+        if p.cfg_scale > 0:
+            bad.append(FieldViolation("cfg_scale", "classifier-free guidance is not supported for block-diffusion "
+                                                   "models"))
+        if bad:
+            raise InvalidRequest(bad)
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()

@@ -1,8 +1,11 @@
-"""The mask predictor: a LLaMA-style transformer with the causal mask removed (LLaDA, Dream).
+"""The mask predictor: a LLaMA-style transformer without a causal mask, for every family.
 
-Parameter names follow LLaDA's published checkpoint (`transformer.blocks.{i}.q_proj`, ...);
-`weights.py` maps Qwen2/Dream names onto them. Shapes: B batch, L sequence, D d_model,
-H heads, Hk kv heads, Dh head dim, V vocabulary.
+Full-canvas models (LLaDA, Dream) attend bidirectionally over the whole canvas; block-diffusion
+models (SDAR, LLaDA2) use the same blocks with q/k norms, an explicit head_dim, partial rotary
+and MoE layers where their configs say so, and attend block-causally through the spans their
+runner passes. Parameter names follow LLaDA's published checkpoint
+(`transformer.blocks.{i}.q_proj`, ...); `weights.py` maps every other family's names onto
+them. Shapes: B batch, L sequence, D d_model, H heads, Hk kv heads, Dh head dim, V vocabulary.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention import RowSpan, apply_rope, attend, left_padded_spans, rope_tables, spans_to_mask
 from engine.config import ModelConfig
+from engine.moe import MoE
 
 
 class RMSNorm(nn.Module):
@@ -33,33 +38,6 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for integer positions (B, L) -> (B, 1, L, Dh), computed in fp32.
-
-    Every published implementation (LLaDA's RotaryEmbedding, Qwen2's) multiplies the fp32
-    position by the fp32 inverse frequency once, so these tables are bit-identical to theirs.
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # (B, L, Dh/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (B, L, Dh)
-    return emb.cos()[:, None], emb.sin()[:, None]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
-    """Rotate-half RoPE (LLaMA/Qwen2/LLaDA convention). x: (B, H, L, Dh).
-
-    fp32=True rotates in fp32 and casts back (LLaDA's `rope_full_precision`); False casts the
-    tables to the model dtype and rotates there (Qwen2/Dream). Identical in fp32 models.
-    """
-    half = x.shape[-1] // 2
-    if fp32:
-        xf = x.float()
-        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
-
-
 @dataclass
 class KVCache:
     """Per-layer keys/values of a whole row (Lc columns, already rotated) from an earlier forward.
@@ -75,31 +53,8 @@ class KVCache:
     fresh: torch.Tensor  # (B, F) columns of the fresh positions
 
 
-RowPads = list  # per row, how many leading (left-padding) key columns to leave out
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor | RowPads],
-           gqa: bool) -> torch.Tensor:
-    """Bidirectional attention, q (B, H, Lq, Dh) over k, v (B, Hk, Lk, Dh).
-
-    mask: None (no padding), a boolean key mask (B, 1, 1, Lk), or per-row left-padding counts.
-    With counts each row attends alone over its real keys, without a mask: the very call an
-    unpadded request makes, so a row's result is bit-identical whatever batch it shares (the
-    masked batched kernel rounds differently in bfloat16). Padded query rows come back zero.
-    """
-    if mask is None or isinstance(mask, torch.Tensor):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    Lq, Lk = q.shape[2], k.shape[2]
-    out = q.new_zeros(q.shape)
-    for i, pad in enumerate(mask):
-        qpad = pad if Lq == Lk else 0  # a full forward pads its queries like its keys
-        out[i:i + 1, :, qpad:] = F.scaled_dot_product_attention(
-            q[i:i + 1, :, qpad:], k[i:i + 1, :, pad:], v[i:i + 1, :, pad:], enable_gqa=gqa)
-    return out
-
-
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         d, dh = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
@@ -108,11 +63,17 @@ class Block(nn.Module):
         self.q_proj = nn.Linear(d, cfg.n_heads * dh, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(d, cfg.n_kv_heads * dh, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, cfg.n_kv_heads * dh, bias=cfg.qkv_bias)
-        self.attn_out = nn.Linear(cfg.n_heads * dh, d, bias=False)
+        if cfg.qk_norm:  # SDAR / LLaDA2: per-head RMSNorm of q and k, before RoPE
+            self.q_norm = RMSNorm(dh, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(dh, cfg.rms_norm_eps)
+        self.attn_out = nn.Linear(cfg.n_heads * dh, d, bias=cfg.out_bias)
         self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)  # gate
-        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
-        self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)  # down
+        if cfg.is_moe_layer(layer):
+            self.mlp = MoE(cfg)
+        else:
+            self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)  # gate
+            self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+            self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)  # down
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask,
                 past: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
@@ -122,6 +83,8 @@ class Block(nn.Module):
         q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         k = self.k_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, L, Dh)
         v = self.v_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
         new_kv = (k, v)
         if past is not None:  # fresh keys/values replace the cached ones at their columns
@@ -133,6 +96,8 @@ class Block(nn.Module):
         a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
         x = x + self.attn_out(a.transpose(1, 2).reshape(B, L, -1))
         h = self.ff_norm(x)
+        if hasattr(self, "mlp"):
+            return x + self.mlp(h), new_kv
         x = x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
         return x, new_kv
 
@@ -142,7 +107,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.embedding_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         if not cfg.weight_tying:
             self.ff_out = nn.Linear(cfg.d_model, cfg.embedding_size, bias=False)
@@ -167,18 +132,21 @@ class MaskPredictor(nn.Module):
         logits = F.linear(h, w[: self.cfg.vocab_size])  # drop LLaDA's padded embedding rows
         if self.cfg.scale_logits:  # LLaDA's option, in place after the head as published
             logits = logits * (1 / math.sqrt(self.cfg.d_model))
-        return logits
+        return logits.float() if self.cfg.logits_fp32 else logits
 
     def forward(self, ids: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                 positions: Optional[torch.Tensor] = None, out_index: Optional[torch.Tensor] = None,
-                cache: Optional[KVCache] = None, return_kv: bool = False):
+                cache: Optional[KVCache] = None, return_kv: bool = False,
+                spans: Optional[list[RowSpan]] = None, head: bool = True):
         """ids (B, L) -> logits (B, L, V), or (B, W, V) at `out_index` (B, W) positions.
 
         key_mask (B, L) is False at (left) padding keys; None means no padding, which keeps the
         attention call the published code's own. positions count from each row's first real
         token (as the published models see an unpadded prompt), so a row's logits and cached
         keys do not depend on how far it is padded. With a cache, ids are the fresh columns
-        `cache.fresh` of the cached rows and positions must be given.
+        `cache.fresh` of the cached rows and positions must be given. `spans` (block models)
+        say per row which queries and keys are real and may meet; head=False skips the head
+        (a prefill only wants the keys/values).
         Dream's logit shift is applied here so callers never see it.
         """
         B, L = ids.shape
@@ -187,12 +155,16 @@ class MaskPredictor(nn.Module):
                 raise ValueError("a cached forward needs the fresh columns' positions")
             positions = (torch.arange(L, device=ids.device).expand(B, L) if key_mask is None
                          else (key_mask.long().cumsum(-1) - 1).clamp_min(0))
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg.rotary_dim, self.cfg.rope_theta)
         if cache is not None:
             key_mask = cache.key_mask
-        attn_mask: Optional[torch.Tensor | RowPads] = None
-        if key_mask is not None and key_mask.device.type == "cpu":  # row by row: batch-invariant bits
-            attn_mask = (~key_mask).sum(-1).tolist()
+        Lk = L if cache is None else cache.keys[0].shape[2]
+        attn_mask: Optional[torch.Tensor | list[RowSpan]] = None
+        cpu = ids.device.type == "cpu"
+        if spans is not None:
+            attn_mask = spans if cpu else spans_to_mask(spans, L, Lk, ids.device)
+        elif key_mask is not None and cpu:  # row by row: batch-invariant bits
+            attn_mask = left_padded_spans(key_mask, L)
         elif key_mask is not None:  # one masked kernel for the batch (GPU; CUDA graphs)
             attn_mask = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
         x = self.transformer.wte(ids)  # (B, L, D)
@@ -207,7 +179,7 @@ class MaskPredictor(nn.Module):
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)
         if out_index is not None:
             x = torch.gather(x, 1, out_index[..., None].expand(-1, -1, x.shape[-1]))  # (B, W, D)
-        logits = self.head(x)
+        logits = self.head(x) if head else None
         return (logits, kvs) if return_kv else logits
 
 

@@ -225,8 +225,9 @@ class Runner:
             logits, tokens, candidate, k=ints[K], temperature=floats[0], remask=ints[REMASK],
             threshold=floats[1], factor=floats[2], seed=ints[SEED], step=ints[STEP],
             pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
-            factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream)
-        if spans is not None and not self.use_graphs:
+            factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream,
+            mask_id=self.mask_id)
+        if spans is not None and self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
             commit = topk_commit(conf, candidate, n_commit.tolist(), floats[1].tolist(), spans)
         new = torch.where(commit, x0, tokens)
         # Write back by position. Window columns past the row's end are not clamped here (the

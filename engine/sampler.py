@@ -122,7 +122,7 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
                   temperature: torch.Tensor, remask: torch.Tensor, threshold: torch.Tensor, factor: torch.Tensor,
                   seed: torch.Tensor, step: torch.Tensor, pos: torch.Tensor, sampling: bool, any_random: bool,
                   factor_rule: Optional[torch.Tensor] = None, conf_dtype: torch.dtype = torch.float64,
-                  x0_from_probs: bool = False,
+                  x0_from_probs: bool = False, block_threshold: bool = False, mask_id: Optional[int] = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One denoising selection over a window of each row (usually its current block).
 
@@ -133,17 +133,23 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     `sampling` / `any_random` are host-known flags (any temperature > 0, any random remasking)
     that skip work, never change results. conf_dtype / x0_from_probs follow the model family's
     published sampler (Dream takes x0 as the first maximum of its softmax, in the logits dtype).
+    block_threshold switches the threshold to SDAR's / LLaDA2's dynamic rule: every candidate
+    strictly above it if that is at least the schedule's k, else the top k. mask_id is never a
+    candidate token (a random or undertrained model may rank it first; published loops would
+    commit it and keep the position masked, or loop forever under a threshold).
     Returns the candidate tokens x0 (B, W), committed mask (B, W), the confidences (B, W) and
     how many tokens each row commits (B,).
     """
     B, W, V = logits.shape
     if sampling:
         scores = gumbel_scores(logits, temperature, uniform_noise(seed, step, pos, V, stream=0))
-        x0 = scores.argmax(-1)
     elif x0_from_probs:
-        x0 = F.softmax(logits, dim=-1).argmax(-1)  # ties of the rounded probabilities: first wins
+        scores = F.softmax(logits, dim=-1)  # ties of the rounded probabilities: first wins
     else:
-        x0 = logits.argmax(-1)  # (B, W)
+        scores = logits
+    if mask_id is not None:  # committing the mask token would leave the position masked forever
+        scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), NEG_INF)
+    x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
     conf = confidences(logits, x0, remask, u_random, conf_dtype)
     conf = torch.where(candidate, conf, torch.full_like(conf, NEG_INF))
@@ -154,7 +160,11 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     n_cand = candidate.sum(-1)  # (B,)
     # Threshold (Fast-dLLM): the top-1 plus every candidate at or above the threshold, compared
     # in the confidences' dtype as the published code compares its tensor with a Python float.
-    n_thr = (sorted_conf >= threshold.to(conf.dtype)[:, None]).sum(-1).clamp_min(1)
+    thr = threshold.to(conf.dtype)[:, None]
+    if block_threshold:
+        n_thr = torch.maximum((sorted_conf > thr).sum(-1), k)
+    else:
+        n_thr = (sorted_conf >= thr).sum(-1).clamp_min(1)
     n_commit = torch.where(threshold > 0, n_thr, torch.where(factor > 0, _factor_count(sorted_conf, factor,
                                                                                         n_cand, factor_rule), k))
     n_commit = torch.minimum(n_commit, n_cand)

@@ -23,9 +23,19 @@ from engine.model import MaskPredictor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Qwen2/Dream names -> our (LLaDA) names. Applied after the leading "model." is stripped.
+# Qwen2/Dream, Qwen3/SDAR and LLaDA2 names -> our (LLaDA) names. Applied after the leading
+# "model." is stripped; the first rule that matches wins.
 _QWEN2_RULES = [
     (r"^embed_tokens\.", "transformer.wte."),
+    (r"^word_embeddings\.", "transformer.wte."),  # LLaDA2
+    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.", r"transformer.blocks.\1.\2_norm."),  # SDAR
+    (r"^layers\.(\d+)\.attention\.query_layernorm\.", r"transformer.blocks.\1.q_norm."),  # LLaDA2
+    (r"^layers\.(\d+)\.attention\.key_layernorm\.", r"transformer.blocks.\1.k_norm."),
+    (r"^layers\.(\d+)\.attention\.dense\.", r"transformer.blocks.\1.attn_out."),
+    (r"^layers\.(\d+)\.mlp\.gate\.(weight|expert_bias)$", r"transformer.blocks.\1.mlp.gate.\2"),  # the router
+    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.gate_proj\.", r"transformer.blocks.\1.mlp.\2.ff_proj."),
+    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.up_proj\.", r"transformer.blocks.\1.mlp.\2.up_proj."),
+    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.down_proj\.", r"transformer.blocks.\1.mlp.\2.ff_out."),
     (r"^norm\.", "transformer.ln_f."),
     (r"^lm_head\.", "transformer.ff_out."),
     (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
@@ -48,7 +58,26 @@ def canonical_name(name: str) -> str:
         new, n = re.subn(pattern, repl, name)
         if n:
             return new
+    m = re.match(r"^layers\.(\d+)\.attention\.query_key_value\.(weight|bias)$", name)
+    if m:  # split by the loader
+        return f"transformer.blocks.{m.group(1)}.attention.query_key_value.{m.group(2)}"
     return name
+
+
+_FUSED_QKV = re.compile(r"^transformer\.blocks\.(\d+)\.attention\.query_key_value\.(weight|bias)$")
+
+
+def _split_fused(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[tuple[str, torch.Tensor]]:
+    """LLaDA2's fused `attention.query_key_value` rows are [q heads | k heads | v heads]."""
+    m = _FUSED_QKV.match(name)
+    if m is None:
+        return [(name, t)]
+    layer, kind = m.groups()
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    if t.shape[0] != q + 2 * kv:
+        raise ModelLoadError(f"fused query_key_value of layer {layer} has {t.shape[0]} rows, expected {q + 2 * kv}")
+    parts = torch.split(t, [q, kv, kv], dim=0)
+    return [(f"transformer.blocks.{layer}.{p}_proj.{kind}", x) for p, x in zip("qkv", parts)]
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -97,14 +126,16 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     state: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
         with safe_open(path, framework="pt", device="cpu") as f:  # memory-mapped
-            for ckpt_name, name in names:
-                if name not in expected:
-                    raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
-                t = f.get_tensor(ckpt_name)
-                if tuple(t.shape) != tuple(expected[name]):
-                    raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name} has shape {tuple(t.shape)}, "
-                                         f"expected {tuple(expected[name])}")
-                state[name] = t.to(device=device, dtype=torch_dtype)
+            for ckpt_name, fused in names:
+                for name, t in _split_fused(fused, f.get_tensor(ckpt_name), cfg):
+                    if name not in expected:
+                        raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
+                    if tuple(t.shape) != tuple(expected[name]):
+                        raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name} has shape {tuple(t.shape)}, "
+                                             f"expected {tuple(expected[name])}")
+                    # expert_bias is a buffer that steers routing: keep it in float32 like the router.
+                    dt = torch.float32 if name.endswith("expert_bias") else torch_dtype
+                    state[name] = t.to(device=device, dtype=dt)
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}"

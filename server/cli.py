@@ -48,7 +48,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
                           "finish_reason": res.finish_reason.value, "seed": res.seed,
-                          "kv_cache": llm.runner.config.kv_cache}))
+                          "kv_cache": llm.kv_cache}))
     else:
         print(res.text)
     return 0
