@@ -78,12 +78,11 @@ class Sequence:
     nfe: int = 0
     finish_reason: Optional[FinishReason] = None
     slot: int = -1  # runner row, assigned by the scheduler
-    ticket: int = 0  # unique per Sequence object, so a reused request id is never confused
+    ticket: int = field(default_factory=lambda: next(_tickets))  # unique per object: ids may be reused
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
         self._schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
-        self.ticket = next(_tickets)
 
     @property
     def finished(self) -> bool:
@@ -122,20 +121,25 @@ class Sequence:
         """Generated ids up to the first stop token (which is dropped)."""
         return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)]
 
+    def _view(self, block: int, block_complete: bool) -> tuple[tuple[int, ...], int, int]:
+        """(output canvas, number of blocks, positions settled) as the doors see them."""
+        p = self.params
+        if self.finished:
+            settled = p.gen_length
+        else:
+            settled = (block + 1) * p.block_length if block_complete else block * p.block_length
+        return tuple(self.canvas), p.num_blocks, settled
+
     def event(self, committed: tuple[int, ...] = (), confidences: tuple[float, ...] = (),
               block: Optional[int] = None, block_complete: bool = False) -> StepEvent:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
-        canvas = tuple(self.canvas)
+        canvas, num_blocks, settled = self._view(block, block_complete)
         generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)]
-        if self.finished:
-            settled = p.gen_length
-        else:
-            settled = (block + 1) * p.block_length if block_complete else block * p.block_length
         return StepEvent(
             request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
-            num_blocks=p.num_blocks, canvas=canvas, committed=committed, confidences=confidences,
+            num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,
             generated=generated, visible=stop_cut(canvas, self.stop_ids), settled=settled, steps=self.nfe,
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
