@@ -120,3 +120,30 @@ class SamplingParams:
 
 def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fit_lengths(defaults: SamplingParams, given: dict) -> SamplingParams:
+    """`given` (the fields a caller set) over `defaults`, with steps and block_length fitted to a
+    gen_length given without them.
+
+    The block is the default block if it divides gen_length, else the largest divisor of
+    gen_length below it; steps keep the defaults' steps-per-token ratio, rounded to a multiple
+    of the number of blocks within [blocks, gen_length]. Explicit values are never changed (a
+    bad combination is still refused by validate()). Every surface (CLI, gRPC, HTTP) calls this,
+    so `--gen-length 16` alone works wherever the defaults were made for 64.
+    """
+    p = replace(defaults, **given)
+    G = p.gen_length
+    if "gen_length" not in given or isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        return p
+    if "block_length" not in given:
+        b = max(1, min(defaults.block_length, G))
+        while G % b:
+            b -= 1
+        p = replace(p, block_length=b)
+    b = p.block_length
+    if "steps" not in given and isinstance(b, int) and 1 <= b <= G and G % b == 0:
+        blocks = G // b
+        ratio = defaults.steps / defaults.gen_length
+        p = replace(p, steps=max(blocks, min(G // blocks * blocks, round(G * ratio / blocks) * blocks)))
+    return p

@@ -9,7 +9,9 @@ Same prompts, model and decoder settings for every mode:
   3. grpc    a real server on loopback with N concurrent Generate streams (final-only
              stream mode), same engine settings as 2
 Workloads: the held-out two-digit addition problems of celeris-tiny (exact-match accuracy is
-reported beside the speed) and Austen prompts with longer generations. Throughput is output
+reported beside the speed), Austen prompts with longer generations, and `block`: the same
+prompts through a block-diffusion model (a random SDAR-layout model of celeris-tiny's size,
+or --block-model DIR) whose "naive" row is the same engine serving one request at a time. Throughput is output
 tokens/s = generated non-EOS tokens / wall time. Achieved FLOP/s of the forwards is compared
 to a matmul peak measured on the same machine. Runs are repeated; medians are printed.
 """
@@ -30,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import EngineConfig  # noqa: E402
+from engine.config import EngineConfig, ModelConfig  # noqa: E402
+from engine.model import MaskPredictor  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from engine.sampler import reference_generate  # noqa: E402
@@ -103,6 +106,33 @@ def workload(llm: LLM, name: str, n: int) -> tuple[list[str], SamplingParams, li
         return [p for p, _ in pairs], SamplingParams(gen_length=g, steps=g, block_length=g, seed=0), pairs
     prompts = (TEXT_PROMPTS * (n // len(TEXT_PROMPTS) + 1))[:n]
     return prompts, SamplingParams(gen_length=64, steps=64, block_length=16, seed=0), []
+
+
+def random_block_llm(template: LLM, config: EngineConfig, block_length: int = 4) -> LLM:
+    """A random SDAR-layout model with celeris-tiny's sizes and tokenizer: a speed figure only."""
+    c = template.model.cfg
+    cfg = ModelConfig(arch="sdar", d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
+                      n_layers=c.n_layers, mlp_hidden_size=c.mlp_hidden_size, vocab_size=c.vocab_size,
+                      embedding_size=c.vocab_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
+                      qk_norm=True, block_length=block_length, name=f"random SDAR layout ({c.name} sizes)")
+    torch.manual_seed(0)
+    model = MaskPredictor(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    return LLM(model.eval().requires_grad_(False), template.tokenizer, config, name=cfg.name)
+
+
+def run_sequential(llm: LLM, prompts, params, pairs, counter: FlopCounter) -> Run:
+    """The block workload's baseline: the same engine, one request at a time."""
+    run = Run("naive", "text")
+    f0, c0, t0 = counter.flops, counter.calls, time.perf_counter()
+    for p in prompts:
+        run.tokens += len(llm.generate([p], params)[0].token_ids)
+    run.seconds = time.perf_counter() - t0
+    run.flops, run.forwards = counter.flops - f0, counter.calls - c0
+    run.problems = len(prompts)
+    return run
 
 
 def score(run: Run, llm: LLM, texts: list[str], pairs) -> None:
@@ -199,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-requests", type=int, default=16)
     ap.add_argument("--threshold", type=float, default=0.9, help="engine/grpc decoder threshold")
     ap.add_argument("--kv-cache", default="dual", choices=("none", "prefix", "dual"))
+    ap.add_argument("--block-model", type=Path, default=None,
+                    help="block-diffusion checkpoint for the block workload (default: a random SDAR-layout model)")
+    ap.add_argument("--workloads", default="skill,text,block", help="comma-separated subset of skill,text,block")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -207,31 +240,45 @@ def main(argv: list[str] | None = None) -> int:
     base = dict(max_batch=a.concurrency, max_queue=4 * a.concurrency, max_prompt_tokens=128, max_gen_length=128)
     naive_llm = LLM.load(a.model, EngineConfig(**base))
     fast_llm = LLM.load(a.model, EngineConfig(**base, kv_cache=a.kv_cache))
-    counters = {id(m): FlopCounter(m) for m in (naive_llm.model, fast_llm.model)}
+    block_llm = (LLM.load(a.block_model, EngineConfig(**base)) if a.block_model
+                 else random_block_llm(naive_llm, EngineConfig(**base)))
+    counters = {id(m): FlopCounter(m) for m in (naive_llm.model, fast_llm.model, block_llm.model)}
     peak = matmul_peak()
     report = {"conditions": {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                              "threads": a.threads, "model": naive_llm.name, "dtype": "float32",
                              "concurrency": a.concurrency, "engine": f"threshold={a.threshold}, kv_cache={a.kv_cache}",
                              "naive": "fixed schedule, steps=gen_length, batch 1", "repeats": a.repeats,
                              "matmul_peak_gflops": round(peak / 1e9, 1)}, "workloads": {}}
-    for name, n in (("skill", a.problems), ("text", a.text_requests)):
-        prompts, params, pairs = workload(naive_llm, name, n)
-        fast = replace(params, threshold=a.threshold)
+    chosen = a.workloads.split(",")
+    for name, n in [w for w in (("skill", a.problems), ("text", a.text_requests), ("block", a.text_requests))
+                    if w[0] in chosen]:
+        if name == "block":  # the fixed schedule, 2 tokens a step
+            prompts, _, pairs = workload(naive_llm, "text", n)
+            bl = block_llm.model.cfg.block_length
+            params = fast = SamplingParams(gen_length=64, steps=32, block_length=bl, seed=0)
+            slow_llm = engine_llm = block_llm
+            naive = lambda ps, prs: run_sequential(block_llm, ps, params, prs, counters[id(block_llm.model)])  # noqa: E731
+        else:
+            prompts, params, pairs = workload(naive_llm, name, n)
+            fast = replace(params, threshold=a.threshold)
+            slow_llm, engine_llm = naive_llm, fast_llm
+            naive = lambda ps, prs: run_naive(naive_llm, ps, params, prs, counters[id(naive_llm.model)])  # noqa: E731
+        counter = counters[id(engine_llm.model)]
         runs: dict[str, list[Run]] = {"naive": [], "engine": [], "grpc": []}
         warm = prompts[:2], pairs[:2]  # first calls pay for allocation and kernel selection
-        run_naive(naive_llm, *warm[:1], params, warm[1], counters[id(naive_llm.model)])
-        run_engine(fast_llm, warm[0], fast, warm[1], counters[id(fast_llm.model)], a.concurrency)
-        run_grpc(fast_llm, warm[0], fast, warm[1], counters[id(fast_llm.model)], a.concurrency)
+        naive(*warm)
+        run_engine(engine_llm, warm[0], fast, warm[1], counter, a.concurrency)
+        run_grpc(engine_llm, warm[0], fast, warm[1], counter, a.concurrency)
         for rep in range(a.repeats):
             print(f"[{name}] repeat {rep + 1}/{a.repeats}: naive", end="", flush=True)
-            runs["naive"].append(run_naive(naive_llm, prompts, params, pairs, counters[id(naive_llm.model)]))
+            runs["naive"].append(naive(prompts, pairs))
             print(", engine", end="", flush=True)
-            runs["engine"].append(run_engine(fast_llm, prompts, fast, pairs, counters[id(fast_llm.model)], a.concurrency))
+            runs["engine"].append(run_engine(engine_llm, prompts, fast, pairs, counter, a.concurrency))
             print(", grpc", flush=True)
-            runs["grpc"].append(run_grpc(fast_llm, prompts, fast, pairs, counters[id(fast_llm.model)], a.concurrency))
+            runs["grpc"].append(run_grpc(engine_llm, prompts, fast, pairs, counter, a.concurrency))
         med = {m: median_run(r) for m, r in runs.items()}
         report["workloads"][name] = {
-            "gen_length": params.gen_length, "steps": params.steps, "block_length": params.block_length,
+            "model": slow_llm.name, "gen_length": params.gen_length, "steps": params.steps, "block_length": params.block_length,
             "requests": len(prompts),
             **{m: asdict(r) | {"tokens_per_s": r.tokens_per_s, "accuracy": r.accuracy,
                                "gflops_per_s": r.flops / r.seconds / 1e9} for m, r in med.items()},
@@ -249,8 +296,9 @@ def format_report(report: dict, peak: float) -> str:
              f"concurrency {c['concurrency']}, median of {c['repeats']}; matmul peak {peak / 1e9:.1f} GFLOP/s",
              f"engine/grpc decoder: {c['engine']}; naive: {c['naive']}"]
     for name, w in report["workloads"].items():
-        lines += [f"\n{name}: {w['requests']} requests, gen_length={w['gen_length']}, block_length={w['block_length']},"
-                  f" naive steps={w['steps']}",
+        naive = "one request at a time" if name == "block" else f"naive steps={w['steps']}"
+        lines += [f"\n{name} ({w['model']}): {w['requests']} requests, gen_length={w['gen_length']}, "
+                  f"block_length={w['block_length']}, {naive}",
                   f"{'mode':8} {'tokens/s':>10} {'accuracy':>9} {'forwards':>9} {'GFLOP/s':>8} {'% peak':>7}"]
         for m in ("naive", "engine", "grpc"):
             r = w[m]

@@ -150,3 +150,43 @@ def test_moe_router_picks_top_k_within_the_best_groups(llada2_dir):
     assert torch.equal(idx.sort(-1).values, ref_idx.sort(-1).values)
     torch.testing.assert_close(w.sum(-1), torch.full((20,), llm.model.cfg.routed_scaling_factor))
     torch.testing.assert_close(moe(h[None]), ref.moe(1, h[None]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sdar", "llada2"])
+def test_celeris_run_json_equals_the_published_loop(tmp_path, kind):
+    import json
+    import subprocess
+    import sys
+
+    folder = (write_sdar_checkpoint if kind == "sdar" else write_llada2_checkpoint)(tmp_path, seed=1)
+    prompt = "It is a truth universally acknowledged"
+    out = subprocess.run([sys.executable, "-m", "server.cli", "run", "--model", str(folder), "--prompt", prompt,
+                          "--gen-length", "16", "--block-length", "4", "--steps", "16", "--threshold", "0.3",
+                          "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(out.stdout)
+    ids = engine(folder).encode_prompt(prompt)
+    model = load_block_model(folder)
+    if kind == "sdar":
+        ref = sdar_generate(model, ids, 16, 4, 4, remasking="low_confidence_dynamic", threshold=0.3,
+                            mask_id=MASK_ID, stop_ids=[EOS_ID]).ids
+    else:
+        ref = llada2_generate(model, ids, 16, 4, 4, threshold=0.3, mask_id=MASK_ID, eos_id=EOS_ID).ids
+    assert MASK_ID not in ref[:16]  # the comparison's precondition (see test_block_serving)
+    assert got["token_ids"] == cut(ref, 16) and got["kv_cache"] == "exact"
+
+
+def test_seeded_sampling_reproduces_alone_and_batched(sdar_dir):
+    llm = engine(sdar_dir)
+    params = dict(gen_length=16, block_length=4, steps=8, temperature=0.8, stop_at_eos=False)
+    seqs = [llm.sequence(p, SamplingParams(seed=7, **params)) for p in PROMPTS]
+    for s in seqs:
+        llm.loop.add(s)
+    llm.loop.run_to_completion()
+    alone = llm.sequence(PROMPTS[1], SamplingParams(seed=7, **params))
+    other = llm.sequence(PROMPTS[1], SamplingParams(seed=8, **params))
+    for s in (alone, other):
+        llm.loop.add(s)
+    llm.loop.run_to_completion()
+    assert alone.canvas == seqs[1].canvas
+    assert other.canvas != alone.canvas
