@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.sampler import transfer_schedule
-from engine.sequence import FinishReason, Sequence, StepEvent
+from engine.sequence import FinishReason, Sequence, StepEvent, stop_cut
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
 
@@ -64,12 +64,18 @@ class BlockSequence(Sequence):
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]
 
     def generated(self) -> list[int]:
-        out = []
-        for t in self.canvas[:self.params.gen_length]:
-            if t in self.stop_ids or t == self.mask_id:
-                break
-            out.append(t)
-        return out
+        out = self.canvas[:self.params.gen_length]
+        return out[:stop_cut(out, self.stop_ids, self.mask_id)]
+
+    def _view(self, block: int, block_complete: bool) -> tuple[tuple[int, ...], int, int]:
+        """The first gen_length positions; settled = those before the block being decoded."""
+        b, P, G = self.params.block_length, len(self.prompt), self.params.gen_length
+        if self.finished:
+            settled = G
+        else:  # after a finished block (stored next) its positions are final too
+            current = self.block + (1 if self.phase == STORE else 0)
+            settled = min(G, max(0, current * b - P))
+        return tuple(self.canvas[:G]), self.decode_blocks, settled
 
     # ------------------------------------------------------------------ progress
 
@@ -95,12 +101,8 @@ class BlockSequence(Sequence):
                 block_done = True
                 self._finish_block(end - P)
         keep = [i for i, c in enumerate(committed) if c < G]
-        return StepEvent(
-            request_id=self.request_id, step=self.nfe - 1, block=min(self.block, self.total // self.params.block_length
-                                                                     - 1) - self.first_block,
-            num_blocks=self.decode_blocks, canvas=tuple(self.canvas[:G]), committed=tuple(committed[i] for i in keep),
-            confidences=tuple(confidences[i] for i in keep), forward_passes=self.nfe, finished=self.finished,
-            finish_reason=self.finish_reason, block_complete=block_done)
+        block = min(self.block, self.total // self.params.block_length - 1) - self.first_block
+        return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done)
 
     def _finish_block(self, end: int) -> None:
         """After the block ending at canvas index `end`: stop (the published rule: a stop id
@@ -117,6 +119,4 @@ class BlockSequence(Sequence):
 
     def cancel(self) -> StepEvent:
         self.finish_reason = FinishReason.CANCELLED
-        return StepEvent(self.request_id, max(self.nfe - 1, 0), max(self.block - self.first_block, 0),
-                         self.decode_blocks, tuple(self.canvas[:self.params.gen_length]), (), (), self.nfe, True,
-                         FinishReason.CANCELLED)
+        return self.event(block=max(self.block - self.first_block, 0))

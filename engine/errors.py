@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
+
+MAX_ECHO = 64  # characters of a client's value repeated back in an error or a log line
+MAX_VIOLATIONS = 16  # violations reported per request; the rest are counted
+
+
+def clip(value: object, limit: int = MAX_ECHO) -> str:
+    """repr() of a client-supplied value, cut to `limit` characters: errors and logs must not
+    grow with what a client sends."""
+    r = reprlib.Repr()  # bounded work too: deep nesting and long lists are cut while rendering
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple = 3, 8, 8, 8
+    text = r.repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 class EngineError(Exception):
@@ -19,7 +35,11 @@ class InvalidRequest(EngineError):
     """The request is malformed; carries one violation per bad field."""
 
     def __init__(self, violations: list[FieldViolation]):
-        self.violations = list(violations)
+        violations = list(violations)
+        if len(violations) > MAX_VIOLATIONS:
+            more = len(violations) - MAX_VIOLATIONS + 1
+            violations = violations[:MAX_VIOLATIONS - 1] + [FieldViolation("...", f"and {more} more violations")]
+        self.violations = violations
         super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
 
 

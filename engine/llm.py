@@ -7,6 +7,8 @@ offline through the same `StepLoop` the server uses. The server builds a `Schedu
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import secrets
 import uuid
@@ -17,7 +19,7 @@ from typing import Callable, Optional, Sequence as Seq, Union
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import FieldViolation, InvalidRequest, ModelLoadError
+from engine.errors import FieldViolation, InvalidRequest, ModelLoadError, clip
 from engine.model import MaskPredictor, count_parameters
 from engine.params import SamplingParams
 from engine.block_runner import BlockRunner
@@ -31,6 +33,20 @@ from engine.weights import load_model
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 
 Prompt = Union[str, Seq[int]]
+MAX_REQUEST_ID = 128  # characters
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request as a front door hands it over: exactly one of prompt, token_ids,
+    messages. `LLM.build` validates it all, once, for both doors."""
+
+    prompt: Optional[str] = None
+    token_ids: Optional[Seq[int]] = None
+    messages: Optional[Seq[dict]] = None
+    params: Optional[SamplingParams] = None  # None: the model's defaults
+    request_id: str = ""  # empty: one is made up
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,8 @@ class LLM:
         self.model, self.tokenizer, self.config, self.defaults, self.name = model, tokenizer, config, defaults, name
         self.runner = BlockRunner(model, config) if model.cfg.family == "block" else Runner(model, config)
         self.loop = StepLoop(self.runner, config.max_queue)
+        # Tokenizing is CPU work proportional to the input: keep it off the server's event loop.
+        self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
 
     @classmethod
     def load(cls, folder: Optional[Union[str, Path]] = None, config: EngineConfig = EngineConfig(),
@@ -90,43 +108,132 @@ class LLM:
 
     # ------------------------------------------------------------------ requests
 
-    def encode_prompt(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
-        if messages is not None:
-            if not messages:
-                raise InvalidRequest([FieldViolation("messages", "must not be empty")])
-            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages))
-            field = "messages"
-        elif isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequest([FieldViolation("prompt", "must not be empty")])
-            ids, field = self.tokenizer.encode(prompt), "prompt"
+    @property
+    def max_prompt_chars(self) -> int:
+        """No text longer than this can fit in max_prompt_tokens, so it is refused untokenized."""
+        return self.config.max_prompt_tokens * self.tokenizer.max_token_chars
+
+    def _check_size(self, req: Request) -> list[FieldViolation]:
+        """Limits that need no tokenizing, checked first so an oversized input costs nothing."""
+        v: list[FieldViolation] = []
+        given = [name for name in ("prompt", "token_ids", "messages") if getattr(req, name) is not None]
+        if len(given) != 1:
+            return [FieldViolation("input", "set one of prompt, token_ids or messages (exactly one)")]
+        limit, tokens = self.max_prompt_chars, self.config.max_prompt_tokens
+        if req.prompt is not None:
+            if not isinstance(req.prompt, str):
+                v.append(FieldViolation("prompt", "must be a string"))
+            elif not req.prompt:
+                v.append(FieldViolation("prompt", "must not be empty"))
+            elif len(req.prompt) > limit:
+                v.append(FieldViolation(
+                    "prompt", f"is {len(req.prompt)} characters; the limit is {tokens} tokens ({limit} characters)"))
+        elif req.token_ids is not None:
+            if not req.token_ids:
+                v.append(FieldViolation("token_ids", "must not be empty"))
+            elif len(req.token_ids) > tokens:
+                v.append(FieldViolation(
+                    "token_ids", f"prompt is {len(req.token_ids)} tokens; the limit is {tokens}"))
         else:
-            ids, field = list(prompt), "token_ids"
-            if not ids:
-                raise InvalidRequest([FieldViolation(field, "must not be empty")])
-            self.tokenizer.check_ids(ids, field)
+            v += self._check_messages(req.messages)
+        return v
+
+    def _check_messages(self, messages: Seq[dict]) -> list[FieldViolation]:
+        if not messages:
+            return [FieldViolation("messages", "must not be empty")]
+        if len(messages) > self.config.max_prompt_tokens:  # every turn costs at least one token
+            return [FieldViolation("messages", f"{len(messages)} messages; the limit is {self.config.max_prompt_tokens}")]
+        v, total = [], 0
+        for i, m in enumerate(messages):
+            role = m.get("role") if isinstance(m, dict) else None
+            content = m.get("content") if isinstance(m, dict) else None
+            if role not in CHAT_ROLES:
+                v.append(FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {clip(role)}"))
+            if not isinstance(content, str):
+                v.append(FieldViolation(f"messages[{i}].content", f"must be a string, got {clip(content)}"))
+            else:
+                total += len(content)
+        if total > self.max_prompt_chars:
+            v.append(FieldViolation("messages", f"content is {total} characters; the limit is "
+                                                f"{self.config.max_prompt_tokens} tokens ({self.max_prompt_chars} characters)"))
+        return v
+
+    def _encode(self, req: Request) -> tuple[list[int], str]:
+        """Tokenize a request that passed `_check_size`; (ids, the field they came from)."""
+        if req.messages is not None:
+            return self.tokenizer.encode_chat(req.messages), "messages"
+        if req.prompt is not None:
+            return self.tokenizer.encode(req.prompt), "prompt"
+        ids = list(req.token_ids)
+        self.tokenizer.check_ids(ids, "token_ids")
+        return ids, "token_ids"
+
+    def build(self, req: Request) -> Sequence:
+        """Validate and encode a whole request, reporting every bad field at once; the one place
+        both doors' requests are checked. Size limits come before any tokenizing."""
+        v: list[FieldViolation] = []
+        rid = req.request_id
+        if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID:
+            v.append(FieldViolation("request_id", f"at most {MAX_REQUEST_ID} characters"))
+        params = req.params or self.defaults
+        try:
+            params.validate(self.config.max_gen_length)
+        except InvalidRequest as e:
+            v += e.violations
+        ids: list[int] = []
+        try:
+            ids = self._prompt_ids(req)
+        except InvalidRequest as e:
+            v += e.violations
+        if v:
+            raise InvalidRequest(v)
+        return self.sequence(ids, params, rid)
+
+    def _prompt_ids(self, req: Request) -> list[int]:
+        size = self._check_size(req)
+        if size:
+            raise InvalidRequest(size)
+        ids, field = self._encode(req)
         if len(ids) > self.config.max_prompt_tokens:
             raise InvalidRequest([FieldViolation(
                 field, f"prompt is {len(ids)} tokens; the limit is {self.config.max_prompt_tokens}")])
         return ids
 
+    async def build_async(self, req: Request) -> Sequence:
+        """`build` in a worker thread, so tokenizing never stalls the caller's event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.build, req)
+
+    def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
+        """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""
+        if len(text) > self.max_prompt_chars:
+            raise InvalidRequest([FieldViolation("text", f"is {len(text)} characters; the limit is "
+                                                 f"{self.config.max_prompt_tokens} tokens ({self.max_prompt_chars} characters)")])
+        if chat:
+            ids = self.tokenizer.encode_chat([{"role": "user", "content": text}])
+        else:
+            ids = self.tokenizer.encode(text) if text else []
+        return ids, self.tokenizer.tokens(ids)
+
+    async def tokenize_async(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.tokenize, text, chat)
+
+    def encode_prompt(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
+        """Token ids of a prompt (text or ids) or chat, with the request limits applied."""
+        return self._prompt_ids(self._offline_request(prompt, None, messages, ""))
+
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
                 messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
-        """Encode and validate a whole request, reporting every bad field at once."""
-        violations: list[FieldViolation] = []
-        params = params or self.defaults
-        ids: list[int] = []
-        try:
-            ids = self.encode_prompt(prompt, messages)
-        except InvalidRequest as e:
-            violations += e.violations
-        try:
-            params.validate(self.config.max_gen_length)
-        except InvalidRequest as e:
-            violations += e.violations
-        if violations:
-            raise InvalidRequest(violations)
-        return self.sequence(ids, params, request_id)
+        """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""
+        return self.build(self._offline_request(prompt, params, messages, request_id))
+
+    @staticmethod
+    def _offline_request(prompt: Prompt, params: Optional[SamplingParams], messages: Optional[Seq[dict]],
+                         request_id: str) -> Request:
+        if messages is not None:
+            return Request(messages=messages, params=params, request_id=request_id)
+        if isinstance(prompt, str):
+            return Request(prompt=prompt, params=params, request_id=request_id)
+        return Request(token_ids=list(prompt), params=params, request_id=request_id)
 
     def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> Sequence:
         """Validate params against this engine's limits and fill in a seed if none was given."""
@@ -183,4 +290,4 @@ class LLM:
         return self.generate([prompt], params)[0]
 
 
-__all__ = ["LLM", "Result", "StepEvent", "EMBEDDED_MODEL"]
+__all__ = ["LLM", "Request", "Result", "StepEvent", "EMBEDDED_MODEL", "CHAT_ROLES", "MAX_REQUEST_ID"]

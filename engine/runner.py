@@ -182,7 +182,7 @@ class Runner:
             biggest = bucket if biggest is None or bucket.B * bucket.L > biggest.B * biggest.L else biggest
         self.forward_passes += 1
         return results, StepStats(len(seqs), biggest.B, biggest.L, biggest.W, committed,
-                                  time.perf_counter() - t0, graphed, len(groups))
+                                  time.perf_counter() - t0, graphed, len(groups) + ("cfg" in groups))
 
     def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor,
                  spans: list[tuple[int, int]]):

@@ -3,8 +3,13 @@
 `StepLoop` is the synchronous core shared by the offline engine and the server: requests wait
 in a bounded queue, join the running batch when a slot frees, and leave it between steps.
 `Scheduler` drives one `StepLoop` from asyncio: the forward runs in a worker thread so the event
-loop keeps serving RPCs, and each request's snapshots go to its own queue. One loop, one forward
-per step for every running request — never one forward per request.
+loop keeps serving RPCs, and each request's step events go to its own `RequestStream`. One loop,
+one forward per step for every running request — never one forward per request.
+
+`submit` admits eagerly: a full queue, too many open streams, draining or a duplicate id raise
+there, before a stream exists, so no front door sees admission errors arrive through a stream.
+A stream counts against admission until its door closes it, also after the engine finished it:
+a client that opens streams and never reads them holds places, not unbounded memory.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Optional
+from typing import Callable, Optional, Union
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable
+from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
 from engine.runner import Runner, StepStats
 from engine.sequence import Sequence, StepEvent
 
@@ -27,6 +32,7 @@ class StepRecord:
     """One executed step, for telemetry: who was in it and how it went."""
 
     request_ids: tuple[str, ...]
+    tickets: tuple[int, ...]  # Sequence.ticket of each, same order (ids may be reused)
     stats: StepStats
     started: float  # time.time() at start
     ended: float
@@ -51,13 +57,15 @@ class StepLoop:
             raise Overloaded(f"queue full ({self.max_queue} waiting, {len(self.running)} running)")
         self.waiting.append(seq)
 
-    def cancel(self, request_id: str) -> Optional[StepEvent]:
+    def cancel(self, target: Union[Sequence, str]) -> Optional[StepEvent]:
+        """Cancel a waiting or running sequence (the object, or the first with that request id)."""
+        match = (lambda s: s is target) if isinstance(target, Sequence) else (lambda s: s.request_id == target)
         for seq in list(self.waiting):
-            if seq.request_id == request_id:
+            if match(seq):
                 self.waiting.remove(seq)
                 return seq.cancel()
         for seq in self.running:
-            if seq.request_id == request_id:
+            if match(seq):
                 self._release(seq)
                 return seq.cancel()
         return None
@@ -94,7 +102,8 @@ class StepLoop:
         for seq in batch:
             if seq.finished:
                 self._release(seq)
-        return events, StepRecord(tuple(s.request_id for s in batch), stats, started, time.time())
+        return events, StepRecord(tuple(s.request_id for s in batch), tuple(s.ticket for s in batch), stats,
+                                  started, time.time())
 
     def run_to_completion(self, on_event: Optional[Callable[[StepEvent], None]] = None) -> None:
         while not self.idle:
@@ -108,17 +117,67 @@ _DONE = object()
 log = logging.getLogger("celeris.engine")
 
 
-class Scheduler:
-    """asyncio front of a StepLoop. `generate()` streams a request's StepEvents."""
+class RequestStream:
+    """The step events of one admitted request. Iterate it; `close()` it when done (a door's
+    `finally`): that cancels the request if it is still in the engine, makes its id reusable at
+    once, and gives its place back to admission."""
 
-    def __init__(self, loop_core: StepLoop, on_step: Optional[Callable[[StepRecord], None]] = None):
+    def __init__(self, scheduler: Scheduler, seq: Sequence):
+        self.scheduler, self.seq = scheduler, seq
+        self.request_id, self.ticket = seq.request_id, seq.ticket
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.ended = False  # the engine has delivered its last event (or an error)
+        self.closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StepEvent:
+        if self.closed:
+            raise StopAsyncIteration
+        ev = await self.queue.get()
+        if ev is _DONE:
+            raise StopAsyncIteration
+        if isinstance(ev, EngineError):
+            raise ev
+        return ev
+
+    def close(self) -> None:
+        self.scheduler._close(self)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
+class Scheduler:
+    """asyncio front of a StepLoop. `submit()` admits a request and returns its RequestStream."""
+
+    def __init__(self, loop_core: StepLoop, on_step: Optional[Callable[[StepRecord], None]] = None,
+                 max_open: Optional[int] = None):
         self.core = loop_core
         self.on_step = on_step
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._cancelled: set[str] = set()
+        # Open streams (running, waiting, or finished but not yet closed by their door).
+        self.max_open = max_open if max_open is not None else loop_core.runner.slots + loop_core.max_queue
+        self._live: dict[int, RequestStream] = {}  # ticket -> stream, while the engine has it
+        self._ids: dict[str, RequestStream] = {}  # request id -> stream, while the engine has it
+        self._open = 0
+        self._cancelled: list[Sequence] = []
         self._wake = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-step")
         self._task: Optional[asyncio.Task] = None
+        self._stopping = False
         self.accepting = True
         self.steps = 0
 
@@ -134,88 +193,104 @@ class Scheduler:
 
     @property
     def active(self) -> int:
-        return len(self._queues)
+        """Requests the engine still works on."""
+        return len(self._live)
+
+    @property
+    def open(self) -> int:
+        """Streams admitted and not yet closed, parked ones included."""
+        return self._open
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="celeris-step-loop")
 
     async def stop(self) -> None:
+        """Refuse new work, let the step in flight finish (the worker is never cut mid-step), then
+        cancel what is left."""
         self.accepting = False
+        self._stopping = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
             try:
                 await self._task
             except (asyncio.CancelledError, Exception):  # stopping must always complete
                 pass
             self._task = None
-        for rid in list(self._queues):
-            ev = self.core.cancel(rid)
-            self._deliver(rid, ev)
+        self._apply_cancellations()
+        for stream in list(self._live.values()):
+            self._deliver(stream, self.core.cancel(stream.seq))
         self._executor.shutdown(wait=True)
 
-    async def generate(self, seq: Sequence) -> AsyncIterator[StepEvent]:
-        """Admit `seq` (raising Overloaded/Unavailable at once) and yield its snapshots.
-
-        Leaving the iteration early (client cancel, deadline) cancels the request before the
-        next step and frees its slot.
-        """
-        queue = self.submit(seq)
-        try:
-            while True:
-                ev = await queue.get()
-                if ev is _DONE:
-                    return
-                if isinstance(ev, EngineError):
-                    raise ev
-                yield ev
-                if ev.finished:
-                    return
-        finally:
-            self.cancel(seq.request_id)
-
-    def submit(self, seq: Sequence) -> asyncio.Queue:
+    def submit(self, seq: Sequence) -> RequestStream:
+        """Admit `seq` or raise (Unavailable, Overloaded, InvalidRequest for a duplicate id)."""
         if not self.accepting:
             raise Unavailable("server is draining; retry on another replica")
-        if seq.request_id in self._queues:
-            raise InvalidRequest([FieldViolation("request_id", f"{seq.request_id!r} is already running")])
+        if seq.request_id in self._ids:
+            raise InvalidRequest([FieldViolation("request_id", f"{clip(seq.request_id)} is already running")])
+        if self._open >= self.max_open:
+            raise Overloaded(f"too many open streams ({self._open}); retry later")
         self.core.add(seq)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[seq.request_id] = queue
+        stream = RequestStream(self, seq)
+        self._live[seq.ticket] = self._ids[seq.request_id] = stream
+        self._open += 1
         self._wake.set()
-        return queue
+        return stream
 
     def cancel(self, request_id: str) -> None:
-        if request_id in self._queues:
-            self._cancelled.add(request_id)
+        """Cancel the running request with this id, if any (its door still closes its stream)."""
+        stream = self._ids.get(request_id)
+        if stream is not None:
+            self._end(stream, cancel=True)
+
+    # ------------------------------------------------------------------ streams
+
+    def _end(self, stream: RequestStream, cancel: bool) -> None:
+        """The engine is done with `stream`: forget it, and cancel it between steps if asked."""
+        if stream.ended:
+            return
+        stream.ended = True
+        self._live.pop(stream.ticket, None)
+        if self._ids.get(stream.request_id) is stream:
+            del self._ids[stream.request_id]
+        if cancel:
+            self._cancelled.append(stream.seq)
+            stream.queue.put_nowait(_DONE)
             self._wake.set()
+
+    def _close(self, stream: RequestStream) -> None:
+        if stream.closed:
+            return
+        self._end(stream, cancel=True)
+        stream.closed = True
+        self._open -= 1
+
+    def _deliver(self, stream: Optional[RequestStream], ev: Optional[StepEvent]) -> None:
+        if stream is None or stream.ended:
+            return
+        if ev is not None:
+            stream.queue.put_nowait(ev)
+        if ev is None or ev.finished:
+            self._end(stream, cancel=False)
+            stream.queue.put_nowait(_DONE)
+
+    def _fail(self, seq: Sequence, exc: EngineError) -> None:
+        stream = self._live.get(seq.ticket)
+        if stream is not None:
+            self._end(stream, cancel=False)
+            stream.queue.put_nowait(exc)
+            stream.queue.put_nowait(_DONE)
+
+    def _apply_cancellations(self) -> None:
+        for seq in self._cancelled:
+            self.core.cancel(seq)
+        self._cancelled.clear()
 
     # ------------------------------------------------------------------ loop
 
-    def _deliver(self, rid: str, ev: Optional[StepEvent]) -> None:
-        queue = self._queues.get(rid)
-        if queue is None:
-            return
-        if ev is not None:
-            queue.put_nowait(ev)
-        if ev is None or ev.finished:
-            queue.put_nowait(_DONE)
-            del self._queues[rid]
-
-    def _fail(self, rid: str, exc: EngineError) -> None:
-        queue = self._queues.pop(rid, None)
-        if queue is not None:
-            queue.put_nowait(exc)
-            queue.put_nowait(_DONE)
-
-    def _apply_cancellations(self) -> None:
-        for rid in self._cancelled:
-            self._deliver(rid, self.core.cancel(rid))
-        self._cancelled.clear()
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             self._apply_cancellations()
             if self.core.idle:
                 self._wake.clear()
@@ -227,13 +302,11 @@ class Scheduler:
             except Exception as exc:  # keep serving: end this batch's requests, not the loop
                 log.exception("denoising step failed; ending %d request(s)", self.running)
                 for seq in self.core.fail_running():
-                    self._fail(seq.request_id, StepFailed(f"denoising step failed: {exc!r}"))
+                    self._fail(seq, StepFailed(f"denoising step failed: {exc!r}"))
                 continue
             self.steps += record is not None
-            for ev in events:
-                if ev.request_id in self._cancelled:
-                    continue  # cancelled while the step ran: the cancel delivers its own last event
-                self._deliver(ev.request_id, ev)
+            for ev in events:  # a stream cancelled while the step ran is no longer live: dropped
+                self._deliver(self._live.get(ev.ticket), ev)
             if record is not None and self.on_step is not None:
                 self.on_step(record)
             await asyncio.sleep(0)  # let handlers consume and new requests arrive between steps

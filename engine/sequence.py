@@ -9,8 +9,9 @@ the runner's per-row results back through `Sequence.apply`, which yields a `Step
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
 from engine.params import SamplingParams
 from engine.sampler import dream_transfer_count, transfer_schedule
@@ -22,21 +23,46 @@ class FinishReason(enum.Enum):
     CANCELLED = "cancelled"
 
 
+def stop_cut(ids: Iterable[int], stop_ids: frozenset[int], mask_id: Optional[int] = None) -> int:
+    """Length of the prefix of `ids` before the first stop token (or, given `mask_id`, the first
+    still-masked position). The one stop-cut rule: every "ids up to the first stop" uses it."""
+    n = 0
+    for t in ids:
+        if t in stop_ids or t == mask_id:
+            break
+        n += 1
+    return n
+
+
+_tickets = itertools.count(1)
+
+
 @dataclass(frozen=True)
 class StepEvent:
-    """Engine-level snapshot after one denoising step of one request: the raw material of streaming."""
+    """Everything a front door needs after one denoising step of one request.
+
+    Doors read only events, never `Sequence` state, so gRPC and HTTP report the same numbers.
+    """
 
     request_id: str
-    step: int  # 0-based index of the forward pass that produced this snapshot
+    step: int  # 0-based index of the denoising step that produced this snapshot
+    total_steps: int  # steps planned (for threshold/factor: gen_length, the worst case)
     block: int
     num_blocks: int
     canvas: tuple[int, ...]  # generated region, mask id where still masked
     committed: tuple[int, ...]  # positions (in the generated region) committed this step
     confidences: tuple[float, ...]  # their confidences, same order
-    forward_passes: int
+    generated: tuple[int, ...]  # canvas ids up to the first stop token or still-masked position
+    visible: int  # canvas positions before the first stop token (masks included): what to render
+    settled: int  # canvas positions that can no longer change (finished blocks)
+    steps: int  # denoising steps run so far
+    forward_passes: int  # model calls spent on this request so far (two per step with CFG)
+    seed: int
+    prompt_tokens: int
     finished: bool = False
     finish_reason: Optional[FinishReason] = None
     block_complete: bool = False
+    ticket: int = 0  # which submission this is (request ids can be reused once one ends)
 
 
 @dataclass
@@ -52,6 +78,7 @@ class Sequence:
     nfe: int = 0
     finish_reason: Optional[FinishReason] = None
     slot: int = -1  # runner row, assigned by the scheduler
+    ticket: int = field(default_factory=lambda: next(_tickets))  # unique per object: ids may be reused
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -78,14 +105,45 @@ class Sequence:
             return dream_transfer_count(n_masked, self.step_in_block, p.steps_per_block, p.eps)
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]  # adaptive may run past it
 
+    @property
+    def total_steps(self) -> int:
+        """Steps planned: the fixed schedule runs `steps`; threshold/factor rules run each block
+        until it has no masks (1 to block_length steps), so at most gen_length. `steps` on the
+        last event says how many ran."""
+        return self.params.gen_length if self.params.adaptive else self.params.steps
+
+    @property
+    def forward_passes(self) -> int:
+        """Model calls spent on this request: one per step, two with classifier-free guidance."""
+        return self.nfe * (2 if self.params.cfg_scale > 0 else 1)
+
     def generated(self) -> list[int]:
         """Generated ids up to the first stop token (which is dropped)."""
-        out = []
-        for t in self.canvas:
-            if t in self.stop_ids or t == self.mask_id:
-                break
-            out.append(t)
-        return out
+        return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)]
+
+    def _view(self, block: int, block_complete: bool) -> tuple[tuple[int, ...], int, int]:
+        """(output canvas, number of blocks, positions settled) as the doors see them."""
+        p = self.params
+        if self.finished:
+            settled = p.gen_length
+        else:
+            settled = (block + 1) * p.block_length if block_complete else block * p.block_length
+        return tuple(self.canvas), p.num_blocks, settled
+
+    def event(self, committed: tuple[int, ...] = (), confidences: tuple[float, ...] = (),
+              block: Optional[int] = None, block_complete: bool = False) -> StepEvent:
+        """The step event of the current state (computed once per request per step)."""
+        p = self.params
+        block = self.block if block is None else block
+        canvas, num_blocks, settled = self._view(block, block_complete)
+        generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)]
+        return StepEvent(
+            request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
+            num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,
+            generated=generated, visible=stop_cut(canvas, self.stop_ids), settled=settled, steps=self.nfe,
+            forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
+            finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
+            ticket=self.ticket)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""
@@ -112,13 +170,8 @@ class Sequence:
             else:
                 self.block += 1
                 self.step_in_block = 0
-        return StepEvent(
-            request_id=self.request_id, step=self.nfe - 1, block=event_block, num_blocks=p.num_blocks,
-            canvas=tuple(self.canvas), committed=tuple(committed), confidences=tuple(confidences),
-            forward_passes=self.nfe, finished=self.finished, finish_reason=self.finish_reason,
-            block_complete=block_done)
+        return self.event(tuple(committed), tuple(confidences), event_block, block_done)
 
     def cancel(self) -> StepEvent:
         self.finish_reason = FinishReason.CANCELLED
-        return StepEvent(self.request_id, max(self.nfe - 1, 0), self.block, self.params.num_blocks,
-                         tuple(self.canvas), (), (), self.nfe, True, FinishReason.CANCELLED)
+        return self.event()

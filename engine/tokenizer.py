@@ -2,11 +2,16 @@
 
 Wraps a `tokenizers` `tokenizer.json`. Special tokens come from the model config (mask, EOS) and
 `tokenizer_config.json` (BOS, pad, chat template) when present.
+
+User text never becomes special ids: `encode` treats "<|mask|>", "<|eos|>" or a role marker
+inside a prompt or a message as plain text, so a client cannot inject canvas masks or forge chat
+turns. Only the chat template's own markup (`encode_chat`) is read with special tokens.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -14,6 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.config import ModelConfig
 from engine.errors import FieldViolation, InvalidRequest, ModelLoadError
+from engine.sequence import stop_cut
 
 MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
 # End-of-turn tokens of the families we serve: generation stops at them like at EOS.
@@ -28,7 +34,9 @@ DEFAULT_CHAT_TEMPLATE = (
 
 class Tokenizer:
     def __init__(self, tok: HFTokenizer, cfg: ModelConfig, tokenizer_config: dict | None = None):
-        self._tok = tok
+        self._tok = tok  # template markup: special tokens recognised
+        self._plain = HFTokenizer.from_str(tok.to_str())  # user text: special tokens are plain text
+        self._plain.encode_special_tokens = True
         tc = tokenizer_config or {}
         self.vocab_size = cfg.vocab_size
         self.mask_id = cfg.mask_token_id
@@ -46,6 +54,9 @@ class Tokenizer:
         self.stop_ids = frozenset(stop)
         self.chat_template = tc.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self._special = frozenset({self.mask_id, self.eos_id, self.pad_id, *(i for i in [self.bos_id] if i is not None)})
+        # The longest vocabulary entry bounds how much text one token can cover: a text longer
+        # than max_prompt_tokens * this is too long before it is tokenized.
+        self.max_token_chars = max((len(t) for t in tok.get_vocab(with_added_tokens=False)), default=1)
 
     def _special_id(self, token: object) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...} form
@@ -63,8 +74,29 @@ class Tokenizer:
         return cls(HFTokenizer.from_file(str(path)), cfg, tc)
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        """User text to ids, special-token markers included as plain text (BOS added if configured)."""
+        ids = self._ids(self._plain, text)
         return [self.bos_id, *ids] if self.add_bos else ids
+
+    @staticmethod
+    def _ids(tok: HFTokenizer, text: str) -> list[int]:
+        # encode_batch releases the GIL (encode does not), so a worker thread can tokenize while
+        # the event loop keeps serving.
+        return tok.encode_batch([text], add_special_tokens=False)[0].ids if text else []
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Ids of the chat template applied to `messages`: the template's markup is read with its
+        special tokens, each message's content as plain text (placed through placeholders)."""
+        marks = [f"\ue000{secrets.token_hex(8)}:{i}\ue001" for i in range(len(messages))]
+        text = self.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                        add_generation_prompt, contents=[m.get("content") for m in messages])
+        ids: list[int] = [self.bos_id] if self.add_bos else []
+        for i, mark in enumerate(marks):
+            head, found, text = text.partition(mark)
+            if not found:  # the template dropped or rewrote a content: nothing user-written is lost
+                raise InvalidRequest([FieldViolation(f"messages[{i}]", "the chat template does not place this message")])
+            ids += self._ids(self._tok, head) + self._ids(self._plain, messages[i]["content"])
+        return ids + self._ids(self._tok, text)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         ids = [i for i in ids if not (skip_special and i in self._special)]
@@ -72,12 +104,8 @@ class Tokenizer:
 
     def until_stop(self, ids: Iterable[int]) -> list[int]:
         """Generated ids up to (without) the first stop token or still-masked position."""
-        out = []
-        for i in ids:
-            if i in self.stop_ids or i == self.mask_id:
-                break
-            out.append(i)
-        return out
+        ids = list(ids)
+        return ids[:stop_cut(ids, self.stop_ids, self.mask_id)]
 
     def token_text(self, token_id: int) -> str:
         if token_id == self.mask_id:
@@ -102,11 +130,14 @@ class Tokenizer:
             out.append(self.decode(run))
         return "".join(out)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            contents: Sequence[object] | None = None) -> str:
+        """The template rendered as text (for display; `encode_chat` is what generation uses)."""
         import jinja2  # only chat requests pay for it
 
         for i, m in enumerate(messages):
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) or not m["role"]:
+            content = m.get("content") if contents is None else contents[i]
+            if not isinstance(m.get("role"), str) or not isinstance(content, str) or not m["role"]:
                 raise InvalidRequest([FieldViolation(f"messages[{i}]", "needs a non-empty role and a content string")])
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
         specials = {"bos_token": self._tok.id_to_token(self.bos_id) if self.bos_id is not None else "",

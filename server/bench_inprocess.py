@@ -56,9 +56,11 @@ class InProcessBackend:
     async def run(self, prompt_ids: list[int], knobs: dict[str, Any], first: Callable[[], None]) -> tuple[int, int]:
         params = dataclasses.replace(self.llm.defaults, **knobs)
         seq = self.llm.request(prompt_ids, params)
-        async for _ in self.scheduler.generate(seq):
-            first()
-        return len(seq.generated()), seq.nfe
+        last = None
+        with self.scheduler.submit(seq) as stream:
+            async for last in stream:
+                first()
+        return (len(last.generated), last.forward_passes) if last is not None else (0, 0)
 
     async def close(self) -> None:
         if self.scheduler is not None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
+import signal
 from pathlib import Path
+
+from server.cli_args import add_model_args, engine_config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -21,7 +26,6 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     from engine.llm import LLM
     from engine.training.evaluate import evaluate, format_report
-    from server.cli import engine_config_from_args
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -36,14 +40,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from server.app import serve_from_args
-
     return serve_from_args(a)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from server.cli import add_model_args
-
     cache = Path.home() / ".cache" / "celeris"
 
     from engine.training.train import add_train_args
@@ -61,7 +61,80 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     sv = sub.add_parser("serve", help="run the gRPC server (and optionally the HTTP gateway)")
     add_model_args(sv)
-    from server.app import add_serve_args
-
     add_serve_args(sv)
     sv.set_defaults(func=cmd_serve)
+
+
+def add_serve_args(ap: argparse.ArgumentParser) -> None:
+    from server.app import ServerSettings
+
+    d = ServerSettings()
+    ap.add_argument("--host", default=d.host, help="bind address (default %(default)s)")
+    ap.add_argument("--port", type=int, default=d.port, help="gRPC port (default %(default)s)")
+    ap.add_argument("--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP gateway and web page")
+    ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
+    ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
+                    help="require 'authorization: Bearer TOKEN' (default: $CELERIS_API_TOKEN; unset = no auth)")
+    ap.add_argument("--rate-limit", type=float, default=0.0,
+                    help="requests/s per client (its bearer token, else its address), burst 20; 0 = off")
+    ap.add_argument("--trust-forwarded-for", action="store_true",
+                    help="key the rate limit on X-Forwarded-For (only behind a proxy that sets it)")
+    ap.add_argument("--max-streams", type=int, default=None,
+                    help="open streams in all, unread ones included (default: max-batch + max-queue)")
+    ap.add_argument("--max-streams-per-connection", type=int, default=d.max_streams_per_connection,
+                    help="HTTP/2 concurrent streams per gRPC connection (default %(default)s)")
+    ap.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default %(default)s)")
+    ap.add_argument("--max-queue", type=int, default=64, help="waiting requests before RESOURCE_EXHAUSTED")
+    ap.add_argument("--max-prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-gen-length", type=int, default=512)
+    ap.add_argument("--drain-seconds", type=float, default=d.drain_seconds)
+    ap.add_argument("--grace-seconds", type=float, default=d.grace_seconds)
+    ap.add_argument("--trace-exporter", default="auto", choices=("auto", "otlp", "console", "none"),
+                    help="auto = OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else none")
+    ap.add_argument("--log-prompts", action="store_true", help="include prompt text in logs (off by default)")
+    ap.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+
+
+def serve_from_args(a: argparse.Namespace) -> int:
+    import torch
+
+    from engine.llm import LLM
+    from server.app import ServerSettings
+    from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
+
+    configure_logging(None if a.log_format == "auto" else a.log_format == "json")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
+                                  max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
+    llm = LLM.load(a.model, cfg)
+    settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
+                              drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
+                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
+                              trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
+                              max_streams_per_connection=a.max_streams_per_connection)
+    telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
+    asyncio.run(_serve(llm, settings, telemetry))
+    return 0
+
+
+async def _serve(llm, settings, telemetry) -> None:
+    import structlog
+
+    from server.app import create_server
+
+    log = structlog.get_logger("celeris")
+    server, _ = await create_server(llm, settings, telemetry)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("server.signal", signal=sig.name)
+        if not stopping:
+            stopping.append(loop.create_task(server.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await server.wait()
+    telemetry.shutdown()

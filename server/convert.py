@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import math
-import uuid
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
 
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
 from engine.errors import FieldViolation, InvalidRequest
+from engine.llm import Request
 from engine.params import SamplingParams
 from engine.sequence import FinishReason, StepEvent
 from engine.tokenizer import Tokenizer
-
-MAX_REQUEST_ID = 128
-CHAT_ROLES = ("system", "user", "assistant")
 
 REMASKING_TO_ENGINE = {
     pb.REMASKING_LOW_CONFIDENCE: "low_confidence",
@@ -51,15 +46,6 @@ class StreamPlan:
         return True
 
 
-@dataclass(frozen=True)
-class Input:
-    """A prompt as the engine's LLM.encode_prompt takes it."""
-
-    text: str = ""
-    token_ids: Optional[list[int]] = None
-    messages: Optional[list[dict]] = None
-
-
 # Engine field names -> the GenerateRequest field paths a client sees in BadRequest.
 PROTO_FIELDS = {"messages": "chat.messages", "token_ids": "token_ids.ids"}
 
@@ -70,56 +56,30 @@ def proto_violations(exc: InvalidRequest) -> InvalidRequest:
         head, bracket, rest = field.partition("[")
         return PROTO_FIELDS.get(head, head) + bracket + rest
 
-    return InvalidRequest([FieldViolation(path(v.field), v.description) for v in exc.violations])
+    return type(exc)([FieldViolation(path(v.field), v.description) for v in exc.violations])
 
 
-def request_id(req: pb.GenerateRequest) -> str:
-    if len(req.request_id) > MAX_REQUEST_ID:
-        raise InvalidRequest([FieldViolation("request_id", f"at most {MAX_REQUEST_ID} characters")])
-    return req.request_id or uuid.uuid4().hex
-
-
-def request_input(req: pb.GenerateRequest) -> Input:
+def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request:
+    """The engine request; every value is checked once, by LLM.build (unknown enum values too)."""
     which = req.WhichOneof("input")
-    if which == "prompt":
-        return Input(text=req.prompt)
-    if which == "token_ids":
-        return Input(token_ids=list(req.token_ids.ids))
-    if which == "chat":
-        msgs = [{"role": m.role, "content": m.content} for m in req.chat.messages]
-        bad = [FieldViolation(f"chat.messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {m['role']!r}")
-               for i, m in enumerate(msgs) if m["role"] not in CHAT_ROLES]
-        if bad:
-            raise InvalidRequest(bad)
-        return Input(messages=msgs)
-    raise InvalidRequest([FieldViolation("input", "set one of prompt, token_ids or chat")])
+    prompt = req.prompt if which == "prompt" else None
+    token_ids = list(req.token_ids.ids) if which == "token_ids" else None
+    messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
+    return Request(prompt=prompt, token_ids=token_ids, messages=messages, params=sampling_params(req, defaults),
+                   request_id=req.request_id)
 
 
 def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> SamplingParams:
-    """Unset knobs take the defaults; every value is checked later by SamplingParams.validate."""
-    v: list[FieldViolation] = []
-    if req.remasking not in (pb.REMASKING_UNSPECIFIED, *REMASKING_TO_ENGINE):
-        v.append(FieldViolation("remasking", f"unknown enum value {req.remasking}"))
-    floats = {}
-    for name in ("temperature", "threshold", "factor", "cfg_scale"):
-        if req.HasField(name):
-            x = getattr(req, name)
-            if not math.isfinite(x):
-                v.append(FieldViolation(name, f"must be a finite number, got {x}"))
-            floats[name] = x
-    if v:
-        raise InvalidRequest(v)
-    return SamplingParams(
-        gen_length=req.gen_length if req.HasField("gen_length") else defaults.gen_length,
-        steps=req.steps if req.HasField("steps") else defaults.steps,
-        block_length=req.block_length if req.HasField("block_length") else defaults.block_length,
-        temperature=floats.get("temperature", defaults.temperature),
-        remasking=REMASKING_TO_ENGINE.get(req.remasking, defaults.remasking),
-        threshold=floats.get("threshold", defaults.threshold),
-        factor=floats.get("factor", defaults.factor),
-        cfg_scale=floats.get("cfg_scale", defaults.cfg_scale),
-        seed=req.seed if req.HasField("seed") else defaults.seed,
-    )
+    """Unset knobs take the defaults; an unknown remasking enum reaches validation as its number."""
+    opt = lambda name, default: getattr(req, name) if req.HasField(name) else default  # noqa: E731
+    remasking = defaults.remasking if req.remasking == pb.REMASKING_UNSPECIFIED else \
+        REMASKING_TO_ENGINE.get(req.remasking, f"unknown enum value {req.remasking}")
+    return replace(  # knobs gRPC does not carry keep the model's defaults
+        defaults, gen_length=opt("gen_length", defaults.gen_length), steps=opt("steps", defaults.steps),
+        block_length=opt("block_length", defaults.block_length),
+        temperature=opt("temperature", defaults.temperature), remasking=remasking,
+        threshold=opt("threshold", defaults.threshold), factor=opt("factor", defaults.factor),
+        cfg_scale=opt("cfg_scale", defaults.cfg_scale), seed=opt("seed", defaults.seed))
 
 
 def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
@@ -134,34 +94,22 @@ def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
     return StreamPlan(o.mode, max(1, o.every_k_steps))
 
 
-def snapshot(ev: StepEvent, tok: Tokenizer, params: SamplingParams, committed: dict[int, float]) -> pb.GenerateResponse:
+def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.GenerateResponse:
     """A full (replace, not delta) snapshot; `committed` = positions since the last sent message."""
-    visible = list(ev.canvas)
-    for i, t in enumerate(visible):  # text stops at the first committed stop token
-        if t in tok.stop_ids:
-            visible = visible[:i]
-            break
     tokens = [pb.Token(id=t, text=tok.token_text(t), masked=t == tok.mask_id,
                        committed_this_step=i in committed, confidence=committed.get(i, 0.0))
               for i, t in enumerate(ev.canvas)]
     positions = sorted(committed)
     return pb.GenerateResponse(
-        request_id=ev.request_id, step=ev.step + 1, total_steps=planned_steps(params), block_index=ev.block,
-        num_blocks=ev.num_blocks, text=tok.render(visible), tokens=tokens, committed_positions=positions,
-        committed_confidences=[committed[p] for p in positions], done=ev.finished)
+        request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
+        num_blocks=ev.num_blocks, text=tok.render(ev.canvas[:ev.visible]), tokens=tokens,
+        committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished)
 
 
-def planned_steps(params: SamplingParams) -> int:
-    """The fixed schedule runs `steps`; threshold/factor rules run each block until it has no
-    masks, between 1 and block_length steps, so at most gen_length in all."""
-    return params.gen_length if params.adaptive else params.steps
-
-
-def finalize(msg: pb.GenerateResponse, ev: StepEvent, seed: int, prompt_tokens: int, generated: int,
-             elapsed_s: float) -> pb.GenerateResponse:
+def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float) -> pb.GenerateResponse:
     msg.finish_reason = FINISH_TO_PB[ev.finish_reason or FinishReason.LENGTH]
-    msg.seed = seed
-    msg.usage.CopyFrom(pb.Usage(prompt_tokens=prompt_tokens, generated_tokens=generated,
+    msg.seed = ev.seed
+    msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
                                 forward_passes=ev.forward_passes))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
     return msg

@@ -1,6 +1,11 @@
-"""One table from engine errors to gRPC statuses, with google.rpc error details."""
+"""One error table for both front doors: engine (and transport) errors -> gRPC status with
+google.rpc details, and -> OpenAI-shaped JSON with an HTTP status."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -9,14 +14,49 @@ from grpc_status import rpc_status
 
 from engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
 
-# engine error type -> (gRPC status code, google.rpc code)
-STATUS_TABLE: dict[type, tuple[grpc.StatusCode, int]] = {
-    InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT),
-    Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
-    Unavailable: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
-    ModelLoadError: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
-    StepFailed: (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL),
-}
+
+class Unauthenticated(EngineError):
+    """Missing or wrong bearer token (raised by the transport's guard, not the engine)."""
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """An HTTP body that is not JSON (form posts and text/plain, as browsers send cross-site)."""
+
+
+class RequestTooLarge(InvalidRequest):
+    """A body over the size limit (gRPC refuses such messages itself, with RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    grpc: grpc.StatusCode
+    http: int
+    type: str  # OpenAI error type
+    code: str  # OpenAI error code
+
+
+INTERNAL = Kind(grpc.StatusCode.INTERNAL, 500, "server_error", "internal_error")
+# Most specific first: the first matching row wins.
+TABLE: tuple[tuple[type, Kind], ...] = (
+    (UnsupportedMediaType, Kind(grpc.StatusCode.INVALID_ARGUMENT, 415, "invalid_request_error", "unsupported_media_type")),
+    (RequestTooLarge, Kind(grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "invalid_request_error", "request_too_large")),
+    (InvalidRequest, Kind(grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error", "invalid_value")),
+    (Unauthenticated, Kind(grpc.StatusCode.UNAUTHENTICATED, 401, "invalid_request_error", "invalid_api_key")),
+    (Overloaded, Kind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_error", "rate_limit_exceeded")),
+    (Unavailable, Kind(grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "unavailable")),
+    (ModelLoadError, Kind(grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "unavailable")),
+    (StepFailed, INTERNAL),
+)
+
+
+def kind_of(exc: BaseException) -> Kind:
+    """The row for an error; INTERNAL for anything not in the table (a bug)."""
+    return next((k for t, k in TABLE if isinstance(exc, t)), INTERNAL)
+
+
+def code_name(exc: BaseException) -> str:
+    """The gRPC code name, used by both doors' metrics and logs."""
+    return kind_of(exc).grpc.name
 
 
 def _pack(msg) -> any_pb2.Any:
@@ -25,10 +65,9 @@ def _pack(msg) -> any_pb2.Any:
     return a
 
 
-def to_status(exc: EngineError) -> grpc.Status:
-    """The rich status for an engine error (INTERNAL for anything not in the table: a bug)."""
-    code, rpc_code = next(((c, r) for t, (c, r) in STATUS_TABLE.items() if isinstance(exc, t)),
-                          (grpc.StatusCode.INTERNAL, code_pb2.INTERNAL))
+def to_status(exc: BaseException) -> grpc.Status:
+    """The rich gRPC status for an error."""
+    code = kind_of(exc).grpc
     details = []
     if isinstance(exc, InvalidRequest):
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
@@ -38,14 +77,39 @@ def to_status(exc: EngineError) -> grpc.Status:
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
-    return rpc_status.to_status(status_pb2.Status(code=rpc_code, message=str(exc), details=details))
+    message = str(exc) if isinstance(exc, EngineError) else f"internal error: {type(exc).__name__}"
+    return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message,
+                                                  details=details))
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: EngineError) -> None:
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     """Abort the RPC with the error's status; raises, like context.abort."""
     await context.abort_with_status(to_status(exc))
 
 
-def status_for_code(code: grpc.StatusCode, message: str) -> grpc.Status:
-    rpc_code = getattr(code_pb2, code.name)
-    return rpc_status.to_status(status_pb2.Status(code=rpc_code, message=message))
+def error_body(message: str, type_: str, param: Optional[str] = None, code: Optional[str] = None,
+               **extra: Any) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code, **extra}}
+
+
+def to_openai(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
+    """(HTTP status, OpenAI error body, extra headers) for an error."""
+    k = kind_of(exc)
+    headers: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    param = None
+    if isinstance(exc, InvalidRequest):
+        param = exc.violations[0].field if exc.violations else None
+        extra["field_violations"] = [{"field": f.field, "description": f.description} for f in exc.violations]
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    elif isinstance(exc, (Unavailable, ModelLoadError)):
+        headers["Retry-After"] = "1"
+    elif isinstance(exc, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if k is INTERNAL:
+        kind = "engine error" if isinstance(exc, EngineError) else "internal error"
+        message = f"{kind}: {exc}" if isinstance(exc, EngineError) else f"{kind}: {type(exc).__name__}"
+    else:
+        message = str(exc)
+    return k.http, error_body(message, k.type, param, k.code, **extra), headers

@@ -3,37 +3,38 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health, and
 GET / (the web page, clients/web/index.html). Requests go to the same Scheduler as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
-openai_responses.py (bodies, SSE chunks); this module is transport only: auth, rate limit,
-draining, streaming, and cancelling a request whose client went away.
+openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
+(server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
+request whose client went away. The request itself goes through server.lifecycle, like gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import importlib.util
 import json
 import socket
 import time
-import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import structlog
 from aiohttp import web
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, Unavailable
+from engine.errors import EngineError, FieldViolation, InvalidRequest, Unavailable, clip
 from engine.llm import LLM
 from engine.scheduler import Scheduler
 from engine.sequence import StepEvent
 from server import openai_api
-from server.convert import MAX_REQUEST_ID
-from server.interceptors import RateLimitInterceptor
+from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
+from server.guard import Guard
+from server.lifecycle import Lifecycle, LiveRequest
 from server.openai_responses import Responder, sse
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = ("/", "/health")  # no token needed: the page asks for one, probes have none
+PARSE_OFF_LOOP = 64 << 10  # bodies larger than this are parsed in a worker thread
 
 
 def web_page_path() -> Path:
@@ -73,18 +74,39 @@ def error_json(exc: BaseException) -> web.Response:
     return web.json_response(body, status=status, headers=headers)
 
 
+def _json_media(content_type: Optional[str]) -> bool:
+    """application/json or any +json type. A browser may post text/plain, form or multipart bodies
+    cross-site without a preflight; none of those are accepted."""
+    mime = (content_type or "").split(";")[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest([FieldViolation("body", "JSON nested too deeply")]) from None
+    except ValueError as e:  # JSONDecodeError, undecodable bytes, an integer too long to convert
+        raise InvalidRequest([FieldViolation("body", f"not valid JSON: {str(e)[:120]}")]) from None
+
+
 class HttpGateway:
-    def __init__(self, llm: LLM, scheduler: Scheduler, settings: Any, health: Any = None):
-        """`settings` is server.app.ServerSettings; `health` (server.health.Health) drives /health."""
+    def __init__(self, llm: LLM, scheduler: Scheduler, settings: Any, health: Any = None,
+                 lifecycle: Optional[Lifecycle] = None, guard: Optional[Guard] = None):
+        """`settings` is server.app.ServerSettings; `health` (server.health.Health) drives /health;
+        `lifecycle` and `guard` are the gRPC door's, so both doors share them."""
+        from server.telemetry import Telemetry
+
         self.llm, self.scheduler, self.settings, self.health = llm, scheduler, settings, health
+        self.lifecycle = lifecycle or Lifecycle(llm, scheduler, Telemetry())
+        self.guard = guard or Guard(settings.api_token, settings.rate_limit, settings.rate_burst)
         self.port = 0
         self.draining = False
         self._runner: Optional[web.AppRunner] = None
         self._inflight = 0
+        self._handlers: set[asyncio.Task] = set()  # generation handlers in flight
         self._idle = asyncio.Event()
         self._idle.set()
-        rate = getattr(settings, "rate_limit", 0.0)
-        self._limiter = RateLimitInterceptor(rate, settings.rate_burst) if rate > 0 else None
         self._page = b""
         self._created = int(time.time())
 
@@ -104,7 +126,7 @@ class HttpGateway:
     async def start(self, port: int) -> None:
         self._page = web_page_path().read_bytes()
         # handler_cancellation: a client that disconnects cancels its handler, hence its request.
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None)
         await self._runner.setup()
         sock = _listening_socket(self.settings.host, port)
         await web.SockSite(self._runner, sock).start()
@@ -112,12 +134,19 @@ class HttpGateway:
         log.info("http.started", port=self.port)
 
     async def stop(self, grace: float) -> None:
-        """Refuse new generations (503), give in-flight ones `grace` seconds, then close."""
+        """Refuse new generations (503), give in-flight ones `grace` seconds, then cancel what is
+        left and close: one grace period, not one plus aiohttp's own shutdown wait."""
         self.draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
         except asyncio.TimeoutError:
             log.warning("http.grace_expired", inflight=self._inflight)
+            for task in list(self._handlers):
+                task.cancel()
+            try:
+                await asyncio.wait_for(self._idle.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -134,7 +163,7 @@ class HttpGateway:
         except web.HTTPException as e:
             status = e.status
             code = "not_found" if e.status == 404 else None
-            body = openai_api.error_body(e.reason, "invalid_request_error", None, code)
+            body = error_body(e.reason, "invalid_request_error", None, code)
             return web.json_response(body, status=e.status)
         except asyncio.CancelledError:
             status = 499  # the client went away
@@ -148,17 +177,9 @@ class HttpGateway:
         """Auth, rate limit and draining, before any work; engine errors become OpenAI errors."""
         if request.path in PUBLIC_PATHS:
             return await handler(request)
-        token = self.settings.api_token
-        got = request.headers.get("Authorization", "")
-        if token and not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-            body = openai_api.error_body("missing or invalid bearer token (header 'Authorization: Bearer ...')",
-                                         "invalid_request_error", None, "invalid_api_key")
-            return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
         try:
-            if self._limiter is not None:
-                wait = self._limiter.allow(got or request.headers.get("X-Forwarded-For") or request.remote or "")
-                if wait is not None:
-                    raise Overloaded(f"rate limit of {self._limiter.rate:g} requests/s exceeded", wait)
+            auth = next((v for k, v in request.raw_headers if k.lower() == b"authorization"), None)
+            self.guard.check(auth, request.remote or "", request.headers.get("X-Forwarded-For"))
             if request.method == "POST" and (self.draining or not self.scheduler.accepting):
                 raise Unavailable("server is draining; retry on another replica")
             return await handler(request)
@@ -189,8 +210,8 @@ class HttpGateway:
 
     async def model(self, request: web.Request) -> web.Response:
         if request.match_info["model"] != self.llm.name:
-            body = openai_api.error_body(f"model {request.match_info['model']!r} not found; this server serves "
-                                         f"{self.llm.name!r}", "invalid_request_error", "model", "model_not_found")
+            body = error_body(f"model {clip(request.match_info['model'])} not found; this server serves "
+                              f"{self.llm.name!r}", "invalid_request_error", "model", "model_not_found")
             return web.json_response(body, status=404)
         return web.json_response(self._model_card())
 
@@ -200,52 +221,74 @@ class HttpGateway:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.complete(request, chat=True)
 
+    async def _body(self, request: web.Request) -> Any:
+        if request.headers.get("Content-Type") is not None and not _json_media(request.content_type):
+            raise UnsupportedMediaType([FieldViolation(
+                "Content-Type", f"must be application/json, got {clip(request.content_type)}")])
+        try:
+            raw = await request.read()  # at most client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.settings.max_request_bytes
+            raise RequestTooLarge([FieldViolation("body", f"larger than {limit} bytes")]) from None
+        if len(raw) > PARSE_OFF_LOOP:
+            return await asyncio.get_running_loop().run_in_executor(None, _parse_json, raw)
+        return _parse_json(raw)
+
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        if len(rid) > MAX_REQUEST_ID:
-            raise InvalidRequest([FieldViolation("X-Request-Id", f"at most {MAX_REQUEST_ID} characters")])
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidRequest([FieldViolation("body", f"not valid JSON: {e}")]) from None
-        req = None
-        try:
-            req = openai_api.parse_request(body, self.llm.defaults, chat)
-            seq = self.llm.request(req.prompt, req.params, messages=req.messages, request_id=rid)
-        except InvalidRequest as e:
-            raise openai_api.rename_fields(e, req) from None
+        carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
+        life = self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         self._inflight += 1
         self._idle.clear()
-        events = self.scheduler.generate(seq)
         try:
-            first = await anext(events, None)  # admission errors (queue full, draining) surface here
-            if first is None:
-                raise Unavailable("the request was dropped before its first step (server stopping)")
-            responder = Responder(chat, rid, self.llm.name, self.llm.tokenizer, seq)
+            try:
+                req = None
+                body = await self._body(request)
+                req = openai_api.parse_request(body, self.llm.defaults, chat)
+                stream = await life.submit(openai_api.engine_request(req, request.headers.get("X-Request-Id", "")))
+            except InvalidRequest as e:
+                e = openai_api.rename_fields(e, req)
+                life.fail(e)
+                return error_json(e)
+            except EngineError as e:
+                life.fail(e)
+                return error_json(e)
+            responder = Responder(chat, stream.request_id, self.llm.name, self.llm.tokenizer)
             if req.stream:
-                return await self._stream(request, responder, req.diffusing, first, events)
-            last = first
-            async for last in events:
-                pass
-            return web.json_response(responder.final(last), headers={"X-Request-Id": rid})
+                return await self._stream(request, responder, req.diffusing, life)
+            last: Optional[StepEvent] = None
+            try:
+                async for last in life.events():
+                    pass
+            except EngineError as e:
+                return error_json(e)
+            if last is None:
+                e = Unavailable("the request was dropped before its first step (server stopping)")
+                life.fail(e)
+                return error_json(e)
+            return web.json_response(responder.final(last), headers={"X-Request-Id": stream.request_id})
         finally:
-            await events.aclose()  # frees the scheduler slot if we leave early (disconnect, error)
+            life.close()  # frees the scheduler slot if we leave early (disconnect, error)
+            self._handlers.discard(task)
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
 
-    async def _stream(self, request: web.Request, responder: Responder, diffusing: bool, first: StepEvent,
-                      events: AsyncIterator[StepEvent]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, responder: Responder, diffusing: bool,
+                      life: LiveRequest) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responder.request_id})
         await resp.prepare(request)
-        ev: Optional[StepEvent] = first
         try:
-            while ev is not None:
-                chunk = responder.diffusing_chunk(ev) if diffusing else responder.plain_chunk(ev)
-                if chunk is not None:
-                    await resp.write(sse(chunk))
-                ev = await anext(events, None)
+            try:
+                async for ev in life.events():
+                    chunk = responder.diffusing_chunk(ev) if diffusing else responder.plain_chunk(ev)
+                    if chunk is not None:
+                        await resp.write(sse(chunk))
+            except EngineError as e:  # headers are sent: the error becomes the last event
+                await resp.write(sse(openai_api.error_response(e)[1]))
             await resp.write(sse("[DONE]"))
             await resp.write_eof()
         except ConnectionError:  # the client went away mid-stream; the caller's finally cancels

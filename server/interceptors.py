@@ -1,4 +1,4 @@
-"""Server interceptors: bearer-token auth, per-client rate limit, one access-log line per RPC.
+"""Server interceptors: auth and rate limit (server.guard), one access-log line per RPC.
 
 Health checks and reflection are exempt from auth and rate limits so probes and grpcurl work.
 """
@@ -6,16 +6,16 @@ Health checks and reflection are exempt from auth and rate limits so probes and 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import grpc
 import structlog
 
-from engine.errors import Overloaded
-from server.errors import status_for_code, to_status
+from engine.errors import EngineError
+from server.errors import abort
+from server.guard import Guard
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
@@ -37,63 +37,41 @@ def _rewrap(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Beh
                                                  handler.request_deserializer, handler.response_serializer)
 
 
-def _rejecting(handler: grpc.RpcMethodHandler, status: grpc.Status) -> grpc.RpcMethodHandler:
-    def wrap(fn: Behavior, streaming: bool) -> Behavior:
-        if streaming:
-            async def reject_stream(request, context):
-                await context.abort_with_status(status)
-                yield  # pragma: no cover - makes this an async generator
-            return reject_stream
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    """Auth and rate limit (server.guard, shared with the HTTP gateway), checked when the call
+    starts: the peer address is only known there, on the call's context."""
 
-        async def reject(request, context):
-            await context.abort_with_status(status)
-        return reject
-    return _rewrap(handler, wrap)
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, guard: Guard):
+        self.guard = guard
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or details.method.startswith(EXEMPT_PREFIXES):
             return handler
-        got = dict(details.invocation_metadata or ()).get("authorization", "")
-        if isinstance(got, str) and hmac.compare_digest(got.encode(), self._expected):
-            return handler
-        return _rejecting(handler, status_for_code(grpc.StatusCode.UNAUTHENTICATED,
-                                                   "missing or invalid bearer token (metadata 'authorization')"))
+        md = details.invocation_metadata or ()
+        auth = next((v for k, v in md if k == "authorization"), None)
+        fwd = next((v for k, v in md if k == "x-forwarded-for"), None)
+        guard = self.guard
 
+        def wrap(fn: Behavior, streaming: bool) -> Behavior:
+            if streaming and inspect.isasyncgenfunction(fn):
+                async def guarded_stream(request, context):
+                    try:
+                        guard.check(auth, context.peer(), fwd if isinstance(fwd, str) else None)
+                    except EngineError as e:
+                        await abort(context, e)
+                    async for msg in fn(request, context):
+                        yield msg
+                return guarded_stream
 
-class RateLimitInterceptor(grpc.aio.ServerInterceptor):
-    """Token bucket per client: the bearer token if any, else the peer's address."""
-
-    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic):
-        self.rate, self.burst, self.clock = rate_per_s, burst, clock
-        self._buckets: dict[str, tuple[float, float]] = {}
-
-    def allow(self, key: str) -> Optional[float]:
-        """None if allowed, else seconds until the next token."""
-        now = self.clock()
-        tokens, last = self._buckets.get(key, (float(self.burst), now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if tokens >= 1:
-            self._buckets[key] = (tokens - 1, now)
-            return None
-        self._buckets[key] = (tokens, now)
-        return (1 - tokens) / self.rate
-
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(EXEMPT_PREFIXES):
-            return handler
-        md = dict(details.invocation_metadata or ())
-        key = md.get("authorization") or md.get("x-forwarded-for") or "anonymous"
-        wait = self.allow(str(key))
-        if wait is None:
-            return handler
-        return _rejecting(handler, to_status(Overloaded(f"rate limit of {self.rate:g} requests/s exceeded", wait)))
+            async def guarded(request, context):
+                try:
+                    guard.check(auth, context.peer(), fwd if isinstance(fwd, str) else None)
+                except EngineError as e:
+                    await abort(context, e)
+                return await fn(request, context)
+            return guarded
+        return _rewrap(handler, wrap)
 
 
 class AccessLogInterceptor(grpc.aio.ServerInterceptor):

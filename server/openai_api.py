@@ -6,8 +6,9 @@ without the diffusion fields, block_length and steps are fitted to it so that a 
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, cfg_scale, remasking, and `diffusing` (stream snapshots).
 
-Errors: `error_response` is the HTTP table: InvalidRequest 400 (param named), Overloaded 429,
-Unavailable 503, anything else 500 — bodies in OpenAI's {"error": {...}} shape.
+Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
+engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
+server/errors.py (`error_response` is its HTTP side).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, ModelLoadError, Overloaded, Unavailable
-from engine.params import SamplingParams
-from server.convert import CHAT_ROLES
+from engine.errors import FieldViolation, InvalidRequest, clip
+from engine.llm import Request
+from engine.params import MAX_SEED, SamplingParams
+from server.errors import error_body, to_openai
 
 INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of")
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale")
@@ -45,16 +47,21 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
         x = body.get(name)
         if x is None:
             continue
-        ok = isinstance(x, int) if name in INTS else isinstance(x, (int, float)) and math.isfinite(x)
+        # Bounded before any arithmetic: a 400-digit integer must be a 400, not an OverflowError.
+        if name in INTS:
+            ok = isinstance(x, int) and -MAX_SEED - 1 <= x <= MAX_SEED
+        else:
+            ok = isinstance(x, (int, float)) and abs(x) <= 1e300 and math.isfinite(x)
         if isinstance(x, bool) or not ok:
-            v.append(FieldViolation(name, f"must be {'an integer' if name in INTS else 'a finite number'}, got {x!r}"))
+            what = "an integer in [-2^63, 2^63)" if name in INTS else "a finite number"
+            v.append(FieldViolation(name, f"must be {what}, got {clip(x)}"))
         else:
             out[name] = x
     for name in ("stream", "diffusing"):
         if not isinstance(body.get(name, False), bool):
-            v.append(FieldViolation(name, f"must be a boolean, got {body[name]!r}"))
+            v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
     if "remasking" in body and not isinstance(body["remasking"], str):
-        v.append(FieldViolation("remasking", f"must be a string, got {body['remasking']!r}"))
+        v.append(FieldViolation("remasking", f"must be a string, got {clip(body['remasking'])}"))
     return out
 
 
@@ -77,23 +84,29 @@ def _prompt(body: dict, v: list[FieldViolation]) -> Union[str, list[int]]:
     return ""
 
 
+def _content(content: Any) -> Any:
+    """A string, or OpenAI content parts joined (text parts only); anything else is left for the
+    engine to refuse."""
+    if not isinstance(content, list):
+        return content
+    if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+        return content
+    texts = [p.get("text") for p in content if p["type"] == "text"]
+    return "".join(texts) if all(isinstance(t, str) for t in texts) else content
+
+
 def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         v.append(FieldViolation("messages", "must be a non-empty list of {role, content} objects"))
         return []
     out = []
-    for i, m in enumerate(msgs):
-        role = m.get("role") if isinstance(m, dict) else None
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if role not in CHAT_ROLES:
-            v.append(FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}"))
-        elif not isinstance(content, (str, type(None))):
-            v.append(FieldViolation(f"messages[{i}].content", "must be a string or a list of text parts"))
-        else:
-            out.append({"role": role, "content": content or ""})
+    for m in msgs:
+        if not isinstance(m, dict):
+            out.append({"role": None, "content": None})
+            continue
+        content = m.get("content")
+        out.append({"role": m.get("role"), "content": "" if content is None else _content(content)})
     return out
 
 
@@ -109,6 +122,14 @@ def fit_schedule(gen_length: int, d: SamplingParams, block: Optional[int] = None
     blocks = gen_length // block
     per_block = max(1, round(gen_length * d.steps / d.gen_length / blocks))
     return block, min(block, per_block) * blocks
+
+
+def engine_request(req: GatewayRequest, request_id: str) -> Request:
+    if req.chat:
+        return Request(messages=req.messages, params=req.params, request_id=request_id)
+    if isinstance(req.prompt, str):
+        return Request(prompt=req.prompt, params=req.params, request_id=request_id)
+    return Request(token_ids=req.prompt, params=req.params, request_id=request_id)
 
 
 def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayRequest:
@@ -145,25 +166,15 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
 
 def rename_fields(e: InvalidRequest, req: Optional[GatewayRequest]) -> InvalidRequest:
     """Engine field names -> the OpenAI parameter the client actually sent."""
-    names = {"gen_length": req.length_param if req else "max_tokens", "token_ids": "prompt"}
-    return InvalidRequest([FieldViolation(names.get(f.field, f.field), f.description) for f in e.violations])
-
-
-def error_body(message: str, type_: str, param: Optional[str] = None, code: Optional[str] = None,
-               **extra: Any) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code, **extra}}
+    names = {"gen_length": req.length_param if req else "max_tokens", "token_ids": "prompt",
+             "request_id": "X-Request-Id", "input": "prompt"}
+    return type(e)([FieldViolation(names.get(f.field, f.field), f.description) for f in e.violations])
 
 
 def error_response(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
-    """(HTTP status, OpenAI error body, extra headers) for an engine error; 500 for anything else."""
-    if isinstance(exc, InvalidRequest):
-        first = exc.violations[0].field if exc.violations else None
-        fields = [{"field": f.field, "description": f.description} for f in exc.violations]
-        return 400, error_body(str(exc), "invalid_request_error", first, "invalid_value", field_violations=fields), {}
-    if isinstance(exc, Overloaded):
-        retry = max(1, math.ceil(exc.retry_after_s))
-        return 429, error_body(str(exc), "rate_limit_error", None, "rate_limit_exceeded"), {"Retry-After": str(retry)}
-    if isinstance(exc, (Unavailable, ModelLoadError)):
-        return 503, error_body(str(exc), "service_unavailable", None, "unavailable"), {"Retry-After": "1"}
-    kind = "engine error" if isinstance(exc, EngineError) else "internal error"
-    return 500, error_body(f"{kind}: {exc}", "server_error", None, "internal_error"), {}
+    """(HTTP status, OpenAI error body, extra headers): the HTTP side of server/errors.py."""
+    return to_openai(exc)
+
+
+__all__ = ["GatewayRequest", "parse_request", "engine_request", "rename_fields", "fit_schedule", "error_body",
+           "error_response"]

@@ -15,16 +15,16 @@ import json
 import time
 from typing import Any, Optional
 
-from engine.sequence import FinishReason, Sequence, StepEvent
+from engine.sequence import FinishReason, StepEvent
 from engine.tokenizer import Tokenizer
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
 
 
-def usage(seq: Sequence) -> dict[str, Any]:
-    gen = len(seq.generated())
-    return {"prompt_tokens": len(seq.prompt), "completion_tokens": gen, "total_tokens": len(seq.prompt) + gen,
-            "forward_passes": seq.nfe}
+def usage(ev: StepEvent) -> dict[str, Any]:
+    gen = len(ev.generated)
+    return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": gen, "total_tokens": ev.prompt_tokens + gen,
+            "forward_passes": ev.forward_passes}
 
 
 def sse(data: Any) -> bytes:
@@ -35,8 +35,8 @@ def sse(data: Any) -> bytes:
 class Responder:
     """Builds the bodies of one request: ids, model name and creation time are shared by all."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, seq: Sequence):
-        self.chat, self.model, self.tok, self.seq, self.request_id = chat, model, tok, seq, request_id
+    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer):
+        self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.sent = ""  # text already streamed in plain mode
@@ -60,9 +60,9 @@ class Responder:
 
     def final(self, ev: StepEvent) -> dict[str, Any]:
         """The non-streaming response."""
-        text = self.tok.decode(self.seq.generated())
+        text = self.tok.decode(ev.generated)
         body = self._envelope([self._choice(text, self._finish(ev), chunk=False)], chunk=False)
-        return body | {"usage": usage(self.seq), "celeris": {"seed": self.seq.params.seed, "steps": self.seq.nfe}}
+        return body | {"usage": usage(ev), "celeris": {"seed": ev.seed, "steps": ev.steps}}
 
     def _finish(self, ev: StepEvent) -> Optional[str]:
         return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
@@ -72,20 +72,14 @@ class Responder:
         if extra:
             body["celeris"] = extra
         if ev.finished:
-            body["usage"] = usage(self.seq)
+            body["usage"] = usage(ev)
         return body
 
     def plain_chunk(self, ev: StepEvent) -> Optional[dict[str, Any]]:
         """The next append-only delta, or None when nothing new is final yet."""
         if not (ev.block_complete or ev.finished):
             return None
-        end = len(ev.canvas) if ev.finished else (ev.block + 1) * self.seq.params.block_length
-        ids = []
-        for t in ev.canvas[:end]:
-            if t in self.tok.stop_ids or t == self.tok.mask_id:
-                break
-            ids.append(t)
-        text = self.tok.decode(ids)
+        text = self.tok.decode(ev.generated[:ev.settled])
         # A prefix can decode differently once more bytes follow (a split UTF-8 character): hold it back.
         if not text.startswith(self.sent) or (text.endswith("\ufffd") and not ev.finished):
             return self._chunk("", ev) if ev.finished else None
@@ -94,16 +88,14 @@ class Responder:
 
     def diffusing_chunk(self, ev: StepEvent) -> dict[str, Any]:
         """A full snapshot of the canvas (replace, not append)."""
-        mask, stops, new = self.tok.mask_id, self.tok.stop_ids, set(ev.committed)
-        visible = list(ev.canvas)
-        first_stop = next((i for i, t in enumerate(visible) if t in stops), len(visible))
+        mask, new, first_stop = self.tok.mask_id, set(ev.committed), ev.visible
         cells = [{"text": self.tok.token_text(t), "new": i in new,
                   "state": "masked" if t == mask else "stop" if i >= first_stop else "token"}
                  for i, t in enumerate(ev.canvas)]
-        text = self.tok.decode(self.seq.generated()) if ev.finished else self.tok.render(visible[:first_stop])
-        extra = {"replace": True, "step": ev.step + 1, "total_steps": self.seq.params.steps, "block": ev.block,
+        text = self.tok.decode(ev.generated) if ev.finished else self.tok.render(ev.canvas[:first_stop])
+        extra = {"replace": True, "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
                  "committed": len(new), "done": ev.finished, "tokens": cells}
         if ev.finished:
-            extra["seed"] = self.seq.params.seed
+            extra["seed"] = ev.seed
         return self._chunk(text, ev, extra)

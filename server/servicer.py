@@ -1,4 +1,4 @@
-"""Thin gRPC handlers: convert, hand to the scheduler, convert back."""
+"""Thin gRPC handlers: convert, hand to the shared request lifecycle, convert back."""
 
 from __future__ import annotations
 
@@ -9,71 +9,57 @@ import grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from engine.errors import EngineError, FieldViolation, InvalidRequest
+from engine.errors import EngineError, InvalidRequest
 from engine.llm import LLM
-from engine.scheduler import Scheduler
 from server import convert
 from server.errors import abort
-from server.telemetry import Telemetry
+from server.lifecycle import Lifecycle
 
-MAX_TOKENIZE_BYTES = 1 << 20
+GENERATE = "celeris.v1.GenerationService/Generate"
+
+
+def _carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, llm: LLM, scheduler: Scheduler, telemetry: Telemetry):
-        self.llm, self.scheduler, self.telemetry = llm, scheduler, telemetry
+    def __init__(self, llm: LLM, lifecycle: Lifecycle):
+        self.llm, self.lifecycle = llm, lifecycle
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
-        with self.telemetry.request(context, request) as obs:
+        life = self.lifecycle.start("grpc", GENERATE, _carrier(context), context.peer(), request.prompt)
+        try:
             try:
-                rid = convert.request_id(request)
-                obs.bind(rid)
-                inp = convert.request_input(request)
-                params = convert.sampling_params(request, self.llm.defaults)
                 plan = convert.stream_plan(request)
-                seq = self.llm.request(inp.token_ids if inp.token_ids is not None else inp.text, params,
-                                       messages=inp.messages, request_id=rid)
-                prompt = seq.prompt
+                await life.submit(convert.engine_request(request, self.llm.defaults))
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
-                obs.fail(e)
+                life.fail(e)
                 await abort(context, e)
-            events = self.scheduler.generate(seq)
             committed: dict[int, float] = {}
             t0 = time.perf_counter()
             try:
-                async for ev in events:
-                    obs.step(ev)
+                async for ev in life.events():
                     committed.update(zip(ev.committed, ev.confidences))
                     if not plan.wants(ev):
                         continue
-                    msg = convert.snapshot(ev, self.llm.tokenizer, seq.params, committed)
+                    msg = convert.snapshot(ev, self.llm.tokenizer, committed)
                     committed = {}
                     if ev.finished:
-                        generated = len(seq.generated())
-                        convert.finalize(msg, ev, seq.params.seed or 0, len(prompt), generated,
-                                         time.perf_counter() - t0)
-                        obs.finish(ev, generated)
+                        convert.finalize(msg, ev, time.perf_counter() - t0)
                     yield msg
-            except EngineError as e:  # Overloaded / Unavailable at admission
-                obs.fail(e)
+            except EngineError as e:  # a failed step
                 await abort(context, e)
-            finally:
-                await events.aclose()
+        finally:
+            life.close()
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
         return convert.model_info(self.llm)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         try:
-            if len(request.text.encode()) > MAX_TOKENIZE_BYTES:
-                raise InvalidRequest([FieldViolation("text", f"at most {MAX_TOKENIZE_BYTES} bytes")])
-            tok = self.llm.tokenizer
-            text = request.text
-            if request.apply_chat_template:
-                text = tok.apply_chat_template([{"role": "user", "content": text}])
-            ids = tok.encode(text) if text else []
-            return pb.TokenizeResponse(ids=ids, tokens=tok.tokens(ids))
+            ids, tokens = await self.llm.tokenize_async(request.text, request.apply_chat_template)
+            return pb.TokenizeResponse(ids=ids, tokens=tokens)
         except EngineError as e:
             await abort(context, e)

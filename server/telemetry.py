@@ -4,19 +4,22 @@
   batched denoising step linked to every request span it served. Exporter from configuration:
   OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set, console, or none.
 - Logs: structlog JSON lines (console renderer on a terminal), each carrying request_id,
-  trace_id and span_id; prompt text only when log_prompts is on.
+  trace_id and span_id; prompt text only when log_prompts is on, and cut to MAX_LOGGED_PROMPT.
+  The standard library's loggers (the engine's, aiohttp's, grpc's) go through the same renderer,
+  and an exception is a structured `exception` field, never a bare traceback.
+- Request spans are started and ended explicitly, never attached to the context: a stream's
+  handler may be closed from another context (a client cancel), and detaching there is what made
+  OpenTelemetry log "Failed to detach context".
 - Metrics: Prometheus, `celeris_*`, served on their own port.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import sys
 import time
-from typing import Iterator, Optional
+from typing import Any, Optional
 
 import structlog
 from opentelemetry import propagate, trace
@@ -26,10 +29,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from engine.errors import EngineError
+from engine.errors import clip
 from engine.scheduler import Scheduler, StepRecord
 from engine.sequence import StepEvent
 
+MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -37,11 +41,21 @@ def configure_logging(json_logs: Optional[bool] = None, level: str = "INFO", str
     """JSON to stdout (or `stream`), or a console renderer when stdout is a terminal."""
     json_logs = (not sys.stdout.isatty()) if json_logs is None else json_logs
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
+    shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+              structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    exc = [structlog.processors.dict_tracebacks] if json_logs else []
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True), renderer],
+        processors=[*shared, *exc, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         logger_factory=structlog.PrintLoggerFactory(stream), cache_logger_on_first_use=False)
+    # Standard-library records (engine, aiohttp, grpc, opentelemetry) as the same lines.
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *exc, renderer]))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.getLevelName(level))
 
 
 def make_tracer_provider(exporter: str = "auto", extra: Optional[SpanExporter] = None) -> TracerProvider:
@@ -79,51 +93,82 @@ class Metrics:
         self.latency = Histogram("celeris_request_latency_seconds", "Generate end-to-end latency",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.generated_tokens = Counter("celeris_generated_tokens_total", "Generated non-EOS tokens", registry=r)
-        self.forward_passes = Counter("celeris_forward_passes_total", "Batched forward passes", registry=r)
-        self.tokens_per_forward = Histogram("celeris_tokens_per_forward", "Tokens committed per batched forward",
+        self.forward_passes = Counter("celeris_forward_passes_total", "Model calls (a batched step makes one per "
+                                      "group: cache refresh, cached, CFG rows twice)", registry=r)
+        self.steps = Counter("celeris_steps_total", "Batched denoising steps", registry=r)
+        self.open_streams = Gauge("celeris_open_streams", "Streams admitted and not yet closed (parked ones too)",
+                                  registry=r)
+        self.tokens_per_forward = Histogram("celeris_tokens_per_forward", "Tokens committed per batched step",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
 
-    def serve(self, port: int, host: str = "0.0.0.0"):
-        return start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1"):
+        return start_http_server(port, addr=host.strip("[]") or "::", registry=self.registry)
 
 
 class RequestObserver:
-    """Telemetry of one Generate call: its span, its log context, its metrics."""
+    """Telemetry of one request through either door: its span, its log context, its metrics.
+
+    The span is never made current (see the module notes); `end` closes everything exactly once.
+    """
 
     def __init__(self, tel: Telemetry, span: trace.Span):
         self.tel, self.span = tel, span
         self.t0 = time.perf_counter()
         self.first = True
-        self.request_id = ""
-        self.outcome, self.code = "ok", "OK"
+        self.ticket = 0
+        self.outcome, self.code = "", ""
+        ctx = span.get_span_context()
+        self.log_context = {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
+        self.ended = False
 
-    def bind(self, request_id: str) -> None:
-        self.request_id = request_id
+    def bind(self, request_id: str, ticket: int = 0) -> None:
         self.span.set_attribute("celeris.request_id", request_id)
-        self.tel.spans[request_id] = self.span
-        structlog.contextvars.bind_contextvars(request_id=request_id)
+        self.log_context["request_id"] = request_id
+        structlog.contextvars.bind_contextvars(**self.log_context)
+        if ticket:
+            self.ticket = ticket
+            self.tel.spans[ticket] = self.span
 
     def step(self, ev: StepEvent) -> None:
         if self.first:
             self.first = False
             self.tel.metrics.ttfs.observe(time.perf_counter() - self.t0)
+        if ev.finished:
+            self.finish(ev)
 
-    def finish(self, ev: StepEvent, generated: int) -> None:
+    def finish(self, ev: StepEvent) -> None:
+        generated = len(ev.generated)
         self.tel.metrics.generated_tokens.inc(generated)
         reason = ev.finish_reason.value if ev.finish_reason else "length"
         self.span.set_attributes({"celeris.finish_reason": reason, "celeris.generated_tokens": generated,
-                                  "celeris.forward_passes": ev.forward_passes})
-        if reason == "cancelled":
-            self.outcome, self.code = "cancelled", "CANCELLED"
+                                  "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps})
+        self.outcome, self.code = ("cancelled", "CANCELLED") if reason == "cancelled" else ("ok", "OK")
         self.tel.log.info("request.finished", finish_reason=reason, generated_tokens=generated,
-                          forward_passes=ev.forward_passes)
+                          forward_passes=ev.forward_passes, steps=ev.steps, **self.log_context)
 
-    def fail(self, exc: EngineError) -> None:
-        from server.errors import to_status
+    def fail(self, exc: BaseException) -> None:
+        from server.errors import code_name
 
-        self.outcome, self.code = "error", to_status(exc).code.name
-        self.span.set_status(Status(StatusCode.ERROR, str(exc)))
-        self.tel.log.warning("request.rejected", code=self.code, error=str(exc))
+        self.outcome, self.code = "error", code_name(exc)
+        self.span.set_status(Status(StatusCode.ERROR, str(exc)[:256]))
+        if self.code == "INTERNAL":
+            self.tel.log.error("request.failed", code=self.code, error=str(exc), exc_info=exc, **self.log_context)
+        else:
+            self.tel.log.warning("request.rejected", code=self.code, error=str(exc), **self.log_context)
+
+    def end(self) -> None:
+        """Record the outcome; a request that neither finished nor failed was cut short by its client."""
+        if self.ended:
+            return
+        self.ended = True
+        if not self.outcome:
+            self.outcome, self.code = "cancelled", "CANCELLED"
+        self.tel.spans.pop(self.ticket, None)
+        self.tel.metrics.requests.labels(self.outcome, self.code).inc()
+        self.tel.metrics.latency.observe(time.perf_counter() - self.t0)
+        self.span.set_attribute("rpc.grpc.status_code", self.code)
+        self.span.end()
+        structlog.contextvars.unbind_contextvars("request_id", "trace_id", "span_id")
 
 
 class Telemetry:
@@ -134,56 +179,40 @@ class Telemetry:
         self.metrics = metrics or Metrics()
         self.log = structlog.get_logger("celeris")
         self.log_prompts = log_prompts
-        self.spans: dict[str, trace.Span] = {}  # request id -> its live server span
+        self.spans: dict[int, trace.Span] = {}  # Sequence.ticket -> its request's live span
 
-    @contextlib.contextmanager
-    def request(self, context, request) -> Iterator[RequestObserver]:
-        carrier = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        parent = propagate.extract(carrier)
-        with self.tracer.start_as_current_span("celeris.v1.GenerationService/Generate", context=parent,
-                                               kind=SpanKind.SERVER, record_exception=False,
-                                               set_status_on_exception=False) as span:
-            ctx = span.get_span_context()
-            structlog.contextvars.bind_contextvars(trace_id=format(ctx.trace_id, "032x"),
-                                                   span_id=format(ctx.span_id, "016x"))
-            obs = RequestObserver(self, span)
-            self.log.info("request.started", peer=context.peer(),
-                          **({"prompt": request.prompt} if self.log_prompts and request.prompt else {}))
-            try:
-                yield obs
-            except (asyncio.CancelledError, GeneratorExit):  # client cancel or deadline
-                if obs.outcome == "ok":
-                    obs.outcome, obs.code = "cancelled", "CANCELLED"
-                raise
-            except BaseException:  # an abort already classified by obs.fail, or a bug
-                if obs.outcome == "ok":
-                    obs.outcome, obs.code = "error", "INTERNAL"
-                raise
-            finally:
-                self.spans.pop(obs.request_id, None)
-                self.metrics.requests.labels(obs.outcome, obs.code).inc()
-                self.metrics.latency.observe(time.perf_counter() - obs.t0)
-                span.set_attribute("rpc.grpc.status_code", obs.code)
-                structlog.contextvars.unbind_contextvars("request_id", "trace_id", "span_id")
+    def request(self, name: str, carrier: dict[str, str], peer: str, attributes: dict[str, Any],
+                prompt: Optional[str] = None) -> RequestObserver:
+        """Start observing one request: a SERVER span continuing the caller's W3C traceparent."""
+        span = self.tracer.start_span(name, context=propagate.extract(carrier), kind=SpanKind.SERVER,
+                                      attributes=attributes)
+        obs = RequestObserver(self, span)
+        structlog.contextvars.bind_contextvars(**obs.log_context)
+        extra = {"prompt": clip(prompt, MAX_LOGGED_PROMPT)} if self.log_prompts and prompt else {}
+        self.log.info("request.started", peer=peer, door=attributes.get("celeris.door"), **extra)
+        return obs
 
     def bind_scheduler(self, scheduler: Scheduler) -> None:
         """Gauges read the scheduler at scrape time, so they never go stale between steps."""
         self.metrics.queue_depth.set_function(lambda: scheduler.queued)
         self.metrics.running.set_function(lambda: scheduler.running)
+        self.metrics.open_streams.set_function(lambda: scheduler.open)
 
     def on_step(self, record: StepRecord) -> None:
         s = record.stats
         m = self.metrics
         m.batch_size.observe(s.batch)
         m.step_latency.observe(s.seconds)
-        m.forward_passes.inc()
+        m.forward_passes.inc(s.forwards)
+        m.steps.inc()
         m.tokens_per_forward.observe(s.committed)
-        links = [Link(self.spans[r].get_span_context()) for r in record.request_ids if r in self.spans]
+        links = [Link(self.spans[t].get_span_context()) for t in record.tickets if t in self.spans]
         span = self.tracer.start_span("celeris.denoise_step", links=links, start_time=int(record.started * 1e9),
                                       context=trace.set_span_in_context(trace.INVALID_SPAN))
         span.set_attributes({"celeris.batch_size": s.batch, "celeris.bucket.batch": s.bucket_batch,
                              "celeris.bucket.length": s.bucket_length, "celeris.tokens_committed": s.committed,
                              "celeris.step_latency_s": s.seconds, "celeris.cuda_graph": s.cuda_graph,
+                             "celeris.forward_passes": s.forwards,
                              "celeris.request_ids": list(record.request_ids)})
         span.end(end_time=int(record.ended * 1e9))
 

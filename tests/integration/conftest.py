@@ -27,6 +27,23 @@ async def running_server(llm, telemetry=None, **settings) -> AsyncIterator[tuple
 
 
 @pytest.fixture
+def spawn(tiny_model_dir, tmp_path):
+    """spawn(*flags, **ServerProcess options) starts a `celeris serve` process; all are killed at the end."""
+    from tests.integration.server_process import ServerProcess
+
+    procs = []
+
+    def start(*flags: str, **kw):
+        p = ServerProcess(tiny_model_dir, tmp_path / f"server-{len(procs)}.log", *flags, **kw)
+        procs.append(p)
+        return p.start()
+
+    yield start
+    for p in procs:
+        p.close()
+
+
+@pytest.fixture
 def serve(tiny_llm):
     """`async with serve(**settings) as (server, stub, port)`."""
     return lambda telemetry=None, **kw: running_server(tiny_llm, telemetry, **kw)

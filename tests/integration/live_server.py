@@ -46,13 +46,13 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(llm, **settings: Any) -> Iterator[LiveServer]:
+def live_server(llm, telemetry=None, **settings: Any) -> Iterator[LiveServer]:
     base = dict(host="127.0.0.1", port=0, http_port=0, drain_seconds=0, grace_seconds=2, warmup=False)
     cfg = ServerSettings(**(base | settings))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="celeris-test-server", daemon=True)
     thread.start()
-    server, _ = asyncio.run_coroutine_threadsafe(create_server(llm, cfg), loop).result(60)
+    server, _ = asyncio.run_coroutine_threadsafe(create_server(llm, cfg, telemetry), loop).result(60)
     try:
         yield LiveServer(server, loop)
     finally:

@@ -24,8 +24,18 @@ def live(tiny_llm):
 SERVER_LOG = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")  # the in-process server logs to stdout too
 
 
+def _server_log(line: str) -> bool:
+    if SERVER_LOG.match(line):
+        return True
+    try:  # JSON log lines, once a test has configured JSON logging
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and {"event", "level", "timestamp"} <= obj.keys()
+
+
 def command_output(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not SERVER_LOG.match(line)]
+    return [line for line in text.splitlines() if not _server_log(line)]
 
 
 class Tty(io.StringIO):

@@ -114,12 +114,8 @@ def requests(draw) -> pb.GenerateRequest:
 def test_validation_accepts_or_rejects_cleanly(tiny_llm, req):
     """Every request either becomes a valid Sequence or raises InvalidRequest: nothing else."""
     try:
-        rid = convert.request_id(req)
-        inp = convert.request_input(req)
-        params = convert.sampling_params(req, tiny_llm.defaults)
         convert.stream_plan(req)
-        seq = tiny_llm.request(inp.token_ids if inp.token_ids is not None else inp.text, params,
-                               messages=inp.messages, request_id=rid)
+        seq = tiny_llm.build(convert.engine_request(req, tiny_llm.defaults))
     except InvalidRequest as e:
         assert e.violations and all(v.field and v.description for v in e.violations)
         return

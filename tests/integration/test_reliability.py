@@ -50,21 +50,6 @@ async def read_all(call) -> list[pb.GenerateResponse]:
     return [m async for m in call]
 
 
-@pytest.fixture
-def spawn(tiny_model_dir, tmp_path):
-    """spawn(*flags, **ServerProcess options) starts a server process; all are killed at the end."""
-    procs: list[ServerProcess] = []
-
-    def start(*flags: str, **kw) -> ServerProcess:
-        p = ServerProcess(tiny_model_dir, tmp_path / f"server-{len(procs)}.log", *flags, **kw)
-        procs.append(p)
-        return p.start()
-
-    yield start
-    for p in procs:
-        p.close()
-
-
 @pytest.fixture(scope="module")
 def shared_server(tiny_model_dir, tmp_path_factory):
     """One server for the load and fuzz tests: batch 16, queue 24, small generation limits."""

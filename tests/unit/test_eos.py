@@ -80,3 +80,21 @@ def test_reference_mode_stops_early_and_fills_eos(tiny_llm):
                                   stop_ids=tiny_llm.tokenizer.stop_ids)
     gen = out[0, ids.shape[1]:].tolist()
     assert nfe == 4 and gen[1] == EOS and gen[4:] == [EOS] * 12
+
+
+def test_block_sequence_events_carry_the_same_truth():
+    """Block-diffusion requests build their step events through the same helper: output view,
+    settled positions, a ticket of their own."""
+    from engine.block_sequence import BlockSequence
+    from engine.params import SamplingParams
+
+    p = SamplingParams(gen_length=8, steps=8, block_length=4, seed=0)
+    a = BlockSequence("r", [1, 2, 3, 4, 5, 6], p, mask_id=99, stop_ids=frozenset({0}))
+    b = BlockSequence("r", [1, 2, 3, 4, 5, 6], p, mask_id=99, stop_ids=frozenset({0}))
+    assert a.ticket and a.ticket != b.ticket
+    ev = a.apply([], [], [])  # the prefill forward (prompt block 0)
+    assert len(ev.canvas) == 8 and ev.generated == () and ev.settled == 0 and ev.ticket == a.ticket
+    ev = a.apply([2, 3], [7, 8], [0.9, 0.8])  # block 1 holds prompt tail 4..5, decodes 6..7
+    assert ev.block_complete and ev.generated == (7, 8) and ev.settled == 2 and ev.committed == (0, 1)
+    ev = a.cancel()
+    assert ev.finished and ev.settled == 8 and ev.generated == tuple(a.generated())

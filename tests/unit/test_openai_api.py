@@ -63,12 +63,22 @@ def test_chat_messages_and_max_completion_tokens():
     ({"prompt": ["a", "b"]}, False, "prompt"),
     ({"prompt": "x", "diffusing": True}, False, "diffusing"),
     ({"messages": []}, True, "messages"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, True, "messages[0].role"),
 ])
 def test_bad_fields_are_named(body, chat, param):
     with pytest.raises(InvalidRequest) as e:
         parse(body, chat)
     assert e.value.violations[0].field == param
+
+
+def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
+    """The gateway only maps; the engine's request builder validates roles, as for gRPC."""
+    from server.openai_api import engine_request
+
+    req = parse({"messages": [{"role": "robot", "content": "x"}, {"role": "user",
+                              "content": [{"type": "text", "text": 5}]}]}, chat=True)
+    with pytest.raises(InvalidRequest) as e:
+        tiny_llm.build(engine_request(req, ""))
+    assert [v.field for v in e.value.violations] == ["messages[0].role", "messages[1].content"]
 
 
 def test_engine_field_names_become_openai_params():
@@ -84,3 +94,21 @@ def test_error_table():
     assert status == 429 and headers["Retry-After"] == "3" and body["error"]["code"] == "rate_limit_exceeded"
     assert error_response(Unavailable("draining"))[0] == 503
     assert error_response(RuntimeError("bug"))[0] == 500
+
+
+def test_one_error_table_serves_both_doors():
+    import grpc
+
+    from engine.errors import ModelLoadError, StepFailed
+    from server.errors import Unauthenticated, UnsupportedMediaType, kind_of, to_openai, to_status
+
+    cases = [(InvalidRequest([FieldViolation("x", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 400),
+             (UnsupportedMediaType([FieldViolation("Content-Type", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 415),
+             (Unauthenticated("no"), grpc.StatusCode.UNAUTHENTICATED, 401),
+             (Overloaded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+             (Unavailable("draining"), grpc.StatusCode.UNAVAILABLE, 503),
+             (ModelLoadError("gone"), grpc.StatusCode.UNAVAILABLE, 503),
+             (StepFailed("boom"), grpc.StatusCode.INTERNAL, 500),
+             (RuntimeError("bug"), grpc.StatusCode.INTERNAL, 500)]
+    for exc, code, http in cases:
+        assert kind_of(exc).grpc == code and to_status(exc).code == code and to_openai(exc)[0] == http
