@@ -33,6 +33,12 @@ KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("remasking", str, f"one of {', '.join(REMASKING)}"),
               ("threshold", float, "confidence-threshold parallel decoding, in (0, 1]"),
               ("factor", float, "Fast-dLLM factor rule (> 0)"),
+              ("factor_rule", str, "fast_dllm (Fast-dLLM's code, default) or paper"),
+              ("schedule", str, "llada or dream (Dream's timestep schedule)"),
+              ("eps", float, "final timestep of the dream schedule"),
+              ("kv_cache", str, "none, prefix or dual (Fast-dLLM's approximate caches; full-canvas models)"),
+              ("top_k", int, "draw only among the k most likely tokens"),
+              ("top_p", float, "nucleus: draw among the most likely tokens up to this mass"),
               ("cfg_scale", float, "classifier-free guidance scale"),
               ("seed", int, "random seed (default: the server picks and reports one)"))
 

@@ -22,9 +22,16 @@ STREAM_MODES = {"every_step": pb.STREAM_MODE_UNSPECIFIED, "every_k_steps": pb.ST
                 "block_complete": pb.STREAM_MODE_BLOCK_COMPLETE, "final_only": pb.STREAM_MODE_FINAL_ONLY}
 FINISH_REASONS = {pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
                   pb.FINISH_REASON_CANCELLED: "cancelled"}
-# Knobs that map one to one onto optional GenerateRequest fields.
-SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed")
-KNOBS = (*SCALAR_KNOBS, "remasking")
+KV_CACHES = {"none": pb.KV_CACHE_NONE, "prefix": pb.KV_CACHE_PREFIX, "dual": pb.KV_CACHE_DUAL}
+KV_CACHE_NAMES = {pb.KV_CACHE_NONE: "none", pb.KV_CACHE_PREFIX: "prefix", pb.KV_CACHE_DUAL: "dual",
+                  pb.KV_CACHE_EXACT: "exact"}
+FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_PAPER}
+SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
+# Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
+SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
+                "eps", "top_k", "top_p")
+ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
+KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class Snapshot:
     usage: Optional[Usage] = None
     seed: Optional[int] = None
     elapsed_s: Optional[float] = None
+    kv_cache: Optional[str] = None  # what the request decoded over, last snapshot only
 
     @property
     def masked_count(self) -> int:
@@ -78,7 +86,8 @@ class Snapshot:
             committed_positions=tuple(m.committed_positions),
             committed_confidences=tuple(m.committed_confidences), done=m.done,
             finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
-            elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None)
+            elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None,
+            kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None)
 
 
 @dataclass(frozen=True)
@@ -93,11 +102,12 @@ class Result:
     steps: int  # denoising steps actually used
     elapsed_s: float
     tokens: tuple[Token, ...]
+    kv_cache: str = "none"  # none, prefix, dual (approximate) or exact (block models)
 
     @classmethod
     def from_snapshot(cls, s: Snapshot) -> Result:
         return cls(s.request_id, s.text, s.finish_reason or "length", s.usage or Usage(0, 0, 0), s.seed or 0,
-                   s.step, s.elapsed_s or 0.0, s.tokens)
+                   s.step, s.elapsed_s or 0.0, s.tokens, s.kv_cache or "none")
 
 
 @dataclass(frozen=True)
@@ -170,11 +180,12 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     for name in SCALAR_KNOBS:
         if knobs.get(name) is not None:
             setattr(req, name, knobs[name])
-    remasking = knobs.get("remasking")
-    if remasking is not None:
-        if remasking not in REMASKING:
-            raise ValueError(f"remasking must be one of {', '.join(REMASKING)}, got {remasking!r}")
-        req.remasking = REMASKING[remasking]
+    for name, table in ENUM_KNOBS.items():
+        value = knobs.get(name)
+        if value is not None:
+            if value not in table:
+                raise ValueError(f"{name} must be one of {', '.join(table)}, got {value!r}")
+            setattr(req, name, table[value])
     req.stream_options.mode = STREAM_MODES[stream_mode]
     req.stream_options.every_k_steps = every_k_steps
     return req

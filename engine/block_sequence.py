@@ -67,6 +67,10 @@ class BlockSequence(Sequence):
         out = self.canvas[:self.params.gen_length]
         return out[:stop_cut(out, self.stop_ids, self.mask_id)]
 
+    @property
+    def kv_cache(self) -> str:
+        return "exact"  # the committed blocks' keys/values, always
+
     def _view(self, block: int, block_complete: bool) -> tuple[tuple[int, ...], int, int]:
         """The first gen_length positions; settled = those before the block being decoded."""
         b, P, G = self.params.block_length, len(self.prompt), self.params.gen_length

@@ -132,9 +132,9 @@ def fit_lengths(defaults: SamplingParams, given: dict) -> SamplingParams:
     """`given` (the fields a caller set) over `defaults`, with steps and block_length fitted to a
     gen_length given without them.
 
-    The block is the default block if it divides gen_length, else the largest divisor of
-    gen_length below it; steps keep the defaults' steps-per-token ratio, rounded to a multiple
-    of the number of blocks within [blocks, gen_length]. Explicit values are never changed (a
+    The block is the default block if it divides gen_length, else a divisor not far below it
+    (down to a quarter), else one block; steps keep the defaults' steps-per-token ratio, a whole
+    number of steps per block, at most one step per token. Explicit values are never changed (a
     bad combination is still refused by validate()). Every surface (CLI, gRPC, HTTP) calls this,
     so `--gen-length 16` alone works wherever the defaults were made for 64.
     """
@@ -143,13 +143,13 @@ def fit_lengths(defaults: SamplingParams, given: dict) -> SamplingParams:
     if "gen_length" not in given or isinstance(G, bool) or not isinstance(G, int) or G < 1:
         return p
     if "block_length" not in given:
-        b = max(1, min(defaults.block_length, G))
-        while G % b:
-            b -= 1
+        d = defaults.block_length
+        b = G if G <= d else next((b for b in range(d, max(1, d // 4) - 1, -1) if G % b == 0), G)
         p = replace(p, block_length=b)
     b = p.block_length
     if "steps" not in given and isinstance(b, int) and 1 <= b <= G and G % b == 0:
         blocks = G // b
         ratio = defaults.steps / defaults.gen_length
-        p = replace(p, steps=max(blocks, min(G // blocks * blocks, round(G * ratio / blocks) * blocks)))
+        per_block = min(b, max(1, round(G * ratio / blocks)))
+        p = replace(p, steps=per_block * blocks)
     return p

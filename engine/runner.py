@@ -86,8 +86,9 @@ class Runner:
         return seq.params.kv_cache or self.config.kv_cache
 
     def _cache_store(self) -> KVCacheStore:
-        if self.kv is None:
-            self.kv = KVCacheStore(self.model.cfg, self.slots + 1, self.max_len, self.device, self.model.dtype)
+        if self.kv is None:  # normal tensors even when the first user runs under inference_mode
+            with torch.inference_mode(False):
+                self.kv = KVCacheStore(self.model.cfg, self.slots + 1, self.max_len, self.device, self.model.dtype)
         return self.kv
 
     def load(self, seq: Sequence) -> None:

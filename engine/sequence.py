@@ -63,6 +63,7 @@ class StepEvent:
     finish_reason: Optional[FinishReason] = None
     block_complete: bool = False
     ticket: int = 0  # which submission this is (request ids can be reused once one ends)
+    kv_cache: str = "none"  # what the request decodes over: none, prefix, dual (approximate) or exact
 
 
 @dataclass
@@ -121,6 +122,10 @@ class Sequence:
         """Generated ids up to the first stop token (which is dropped)."""
         return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)]
 
+    @property
+    def kv_cache(self) -> str:
+        return self.params.kv_cache or "none"
+
     def _view(self, block: int, block_complete: bool) -> tuple[tuple[int, ...], int, int]:
         """(output canvas, number of blocks, positions settled) as the doors see them."""
         p = self.params
@@ -143,7 +148,7 @@ class Sequence:
             generated=generated, visible=stop_cut(canvas, self.stop_ids), settled=settled, steps=self.nfe,
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
-            ticket=self.ticket)
+            ticket=self.ticket, kv_cache=self.kv_cache)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""

@@ -25,23 +25,24 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
                    help="tokens per step of the fixed schedule: llada (even split per block) or dream "
                         "(Dream's timesteps linspace(1, eps, steps+1); use --block-length = --gen-length for Dream's own loop)")
     g.add_argument("--eps", type=float, help="Dream schedule's final timestep, in (0, 1) (default 1e-3)")
+    g.add_argument("--top-k", type=int, help="draw only among the k most likely tokens (0: all)")
+    g.add_argument("--top-p", type=float, help="nucleus: draw among the most likely tokens up to this mass, in (0, 1]")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale")
     g.add_argument("--seed", type=int, help="random seed (default: chosen and reported)")
 
 
 SAMPLING_FIELDS = ("gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor",
-                   "factor_rule", "schedule", "eps", "cfg_scale", "seed")
+                   "factor_rule", "schedule", "eps", "top_k", "top_p", "cfg_scale", "seed")
 
 
 def sampling_from_args(a: argparse.Namespace, defaults=None):
-    """The given flags over `defaults`, validated; errors name the flag (--block-length)."""
-    import dataclasses
-
+    """The given flags over `defaults`, steps and block length fitted to a --gen-length given
+    alone, validated; errors name the flag (--block-length)."""
     from engine.errors import FieldViolation, InvalidRequest
-    from engine.params import SamplingParams
+    from engine.params import SamplingParams, fit_lengths
 
     given = {f: getattr(a, f) for f in SAMPLING_FIELDS if getattr(a, f, None) is not None}
-    params = dataclasses.replace(defaults or SamplingParams(), **given)
+    params = fit_lengths(defaults or SamplingParams(), given)
     try:
         return params.validate()
     except InvalidRequest as e:

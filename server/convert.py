@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Optional
 
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
 from engine.errors import FieldViolation, InvalidRequest
 from engine.llm import Request
-from engine.params import SamplingParams
+from engine.params import SamplingParams, fit_lengths
 from engine.sequence import FinishReason, StepEvent
 from engine.tokenizer import Tokenizer
 
@@ -20,6 +21,12 @@ REMASKING_TO_ENGINE = {
     pb.REMASKING_ENTROPY: "entropy",
 }
 REMASKING_TO_PB = {v: k for k, v in REMASKING_TO_ENGINE.items()}
+KV_CACHE_TO_ENGINE = {pb.KV_CACHE_NONE: "none", pb.KV_CACHE_PREFIX: "prefix", pb.KV_CACHE_DUAL: "dual"}
+KV_CACHE_TO_PB = {"none": pb.KV_CACHE_NONE, "prefix": pb.KV_CACHE_PREFIX, "dual": pb.KV_CACHE_DUAL,
+                  "exact": pb.KV_CACHE_EXACT}
+FACTOR_RULE_TO_ENGINE = {pb.FACTOR_RULE_FAST_DLLM: "fast_dllm", pb.FACTOR_RULE_PAPER: "paper"}
+SCHEDULE_TO_ENGINE = {pb.SCHEDULE_LLADA: "llada", pb.SCHEDULE_DREAM: "dream"}
+SCHEDULE_TO_PB = {v: k for k, v in SCHEDULE_TO_ENGINE.items()}
 FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -69,17 +76,26 @@ def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request
                    request_id=req.request_id)
 
 
+def _enum(value: int, table: dict[int, str], unspecified: int = 0) -> Optional[str]:
+    """An enum field as the engine's name; None when unset; an unknown value reaches validation
+    as a string naming it."""
+    if value == unspecified:
+        return None
+    return table.get(value, f"unknown enum value {value}")
+
+
 def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> SamplingParams:
-    """Unset knobs take the defaults; an unknown remasking enum reaches validation as its number."""
-    opt = lambda name, default: getattr(req, name) if req.HasField(name) else default  # noqa: E731
-    remasking = defaults.remasking if req.remasking == pb.REMASKING_UNSPECIFIED else \
-        REMASKING_TO_ENGINE.get(req.remasking, f"unknown enum value {req.remasking}")
-    return replace(  # knobs gRPC does not carry keep the model's defaults
-        defaults, gen_length=opt("gen_length", defaults.gen_length), steps=opt("steps", defaults.steps),
-        block_length=opt("block_length", defaults.block_length),
-        temperature=opt("temperature", defaults.temperature), remasking=remasking,
-        threshold=opt("threshold", defaults.threshold), factor=opt("factor", defaults.factor),
-        cfg_scale=opt("cfg_scale", defaults.cfg_scale), seed=opt("seed", defaults.seed))
+    """The knobs a request sets over the defaults, with steps and block length fitted to a
+    gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
+    given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
+                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p")
+             if req.HasField(name)}
+    enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
+             "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
+             "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),
+             "schedule": _enum(req.schedule, SCHEDULE_TO_ENGINE)}
+    given |= {k: v for k, v in enums.items() if v is not None}
+    return fit_lengths(defaults, given)  # knobs gRPC does not carry keep the model's defaults
 
 
 def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
@@ -112,6 +128,7 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float) -> pb.Ge
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
                                 forward_passes=ev.forward_passes))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
+    msg.kv_cache = KV_CACHE_TO_PB[ev.kv_cache]
     return msg
 
 
@@ -123,5 +140,6 @@ def model_info(llm) -> pb.GetModelInfoResponse:
         limits=pb.Limits(max_prompt_tokens=ec.max_prompt_tokens, max_gen_length=ec.max_gen_length,
                          max_batch=ec.max_batch, max_queue=ec.max_queue),
         defaults=pb.SamplingDefaults(gen_length=d.gen_length, steps=d.steps, block_length=d.block_length,
-                                     temperature=d.temperature, remasking=REMASKING_TO_PB[d.remasking]),
+                                     temperature=d.temperature, remasking=REMASKING_TO_PB[d.remasking],
+                                     kv_cache=KV_CACHE_TO_PB[llm.kv_cache], schedule=SCHEDULE_TO_PB[d.schedule]),
         dtype=ec.dtype, device=ec.device)

@@ -4,7 +4,8 @@ Requests: `parse_request` reads a /v1/completions or /v1/chat/completions body i
 prompt plus SamplingParams. `max_tokens` is the canvas length (gen_length); when it is given
 without the diffusion fields, block_length and steps are fitted to it so that a plain OpenAI
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
-steps, block_length, threshold, factor, cfg_scale, remasking, and `diffusing` (stream snapshots).
+steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
+remasking, and `diffusing` (stream snapshots); `top_k` / `top_p` as in vLLM.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -19,11 +20,12 @@ from typing import Any, Optional, Union
 
 from engine.errors import FieldViolation, InvalidRequest, clip
 from engine.llm import Request
-from engine.params import MAX_SEED, SamplingParams
+from engine.params import MAX_SEED, SamplingParams, fit_lengths
 from server.errors import error_body, to_openai
 
-INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of")
-FLOATS = ("temperature", "threshold", "factor", "cfg_scale")
+INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k")
+FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
+STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "stop": None, "logprobs": None,
                "tools": None, "functions": None}
@@ -60,8 +62,11 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
     for name in ("stream", "diffusing"):
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
-    if "remasking" in body and not isinstance(body["remasking"], str):
-        v.append(FieldViolation("remasking", f"must be a string, got {clip(body['remasking'])}"))
+    for name in STRINGS:
+        if name in body and not isinstance(body[name], str):
+            v.append(FieldViolation(name, f"must be a string, got {clip(body[name])}"))
+        elif name in body:
+            out[name] = body[name]
     return out
 
 
@@ -111,17 +116,10 @@ def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
 
 
 def fit_schedule(gen_length: int, d: SamplingParams, block: Optional[int] = None) -> tuple[int, int]:
-    """(block_length, steps) for a client-chosen gen_length, keeping the defaults' shape: the given
-    block, else the default block length if it divides gen_length, else a divisor not far below it,
-    else one block; and the defaults' tokens-per-step ratio, a whole number of steps per block."""
-    if block is None:
-        block = gen_length
-        if gen_length > d.block_length:
-            block = next((b for b in range(d.block_length, max(1, d.block_length // 4) - 1, -1)
-                          if gen_length % b == 0), gen_length)
-    blocks = gen_length // block
-    per_block = max(1, round(gen_length * d.steps / d.gen_length / blocks))
-    return block, min(block, per_block) * blocks
+    """(block_length, steps) for a client-chosen gen_length: `engine.params.fit_lengths`, the one
+    rule every surface uses."""
+    p = fit_lengths(d, {"gen_length": gen_length} | ({} if block is None else {"block_length": block}))
+    return p.block_length, p.steps
 
 
 def engine_request(req: GatewayRequest, request_id: str) -> Request:
@@ -142,24 +140,18 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
     messages = _messages(body, v) if chat else None
     prompt = "" if chat else _prompt(body, v)
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"
-    gen, block, steps = x.get(length_param), x.get("block_length"), x.get("steps")
-    if gen is not None and gen >= 1:  # even when too large, so only max_tokens is reported
-        fits = block is not None and 1 <= block <= gen and gen % block == 0
-        fitted_block, fitted_steps = fit_schedule(gen, defaults, block if fits else None)
-        block = fitted_block if block is None else block
-        steps = fitted_steps if steps is None else steps
     if body.get("diffusing") and not body.get("stream"):
         v.append(FieldViolation("diffusing", "needs stream: true"))
     if v:
         raise InvalidRequest(v)
-    params = replace(
-        defaults, gen_length=defaults.gen_length if gen is None else gen,
-        steps=defaults.steps if steps is None else steps,
-        block_length=defaults.block_length if block is None else block,
-        temperature=x.get("temperature", defaults.temperature),
-        remasking=body.get("remasking", defaults.remasking), threshold=x.get("threshold", defaults.threshold),
-        factor=x.get("factor", defaults.factor), cfg_scale=x.get("cfg_scale", defaults.cfg_scale),
-        seed=x.get("seed", defaults.seed))
+    names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
+             "top_p", *STRINGS)
+    given = {k: x[k] for k in names if k in x}
+    if length_param in x:
+        given["gen_length"] = x[length_param]
+    if given.get("top_k") == -1:  # vLLM's spelling of "off"
+        given["top_k"] = 0
+    params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
     return GatewayRequest(chat, prompt, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
                           length_param)
 

@@ -62,7 +62,7 @@ class Responder:
         """The non-streaming response."""
         text = self.tok.decode(ev.generated)
         body = self._envelope([self._choice(text, self._finish(ev), chunk=False)], chunk=False)
-        return body | {"usage": usage(ev), "celeris": {"seed": ev.seed, "steps": ev.steps}}
+        return body | {"usage": usage(ev), "celeris": {"seed": ev.seed, "steps": ev.steps, "kv_cache": ev.kv_cache}}
 
     def _finish(self, ev: StepEvent) -> Optional[str]:
         return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
@@ -97,5 +97,5 @@ class Responder:
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
                  "committed": len(new), "done": ev.finished, "tokens": cells}
         if ev.finished:
-            extra["seed"] = ev.seed
+            extra |= {"seed": ev.seed, "kv_cache": ev.kv_cache}
         return self._chunk(text, ev, extra)

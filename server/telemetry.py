@@ -141,10 +141,11 @@ class RequestObserver:
         self.tel.metrics.generated_tokens.inc(generated)
         reason = ev.finish_reason.value if ev.finish_reason else "length"
         self.span.set_attributes({"celeris.finish_reason": reason, "celeris.generated_tokens": generated,
-                                  "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps})
+                                  "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps,
+                                  "celeris.kv_cache": ev.kv_cache})
         self.outcome, self.code = ("cancelled", "CANCELLED") if reason == "cancelled" else ("ok", "OK")
         self.tel.log.info("request.finished", finish_reason=reason, generated_tokens=generated,
-                          forward_passes=ev.forward_passes, steps=ev.steps, **self.log_context)
+                          forward_passes=ev.forward_passes, steps=ev.steps, kv_cache=ev.kv_cache, **self.log_context)
 
     def fail(self, exc: BaseException) -> None:
         from server.errors import code_name

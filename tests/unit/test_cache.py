@@ -87,3 +87,17 @@ def test_cache_with_threshold_decoding(cached_llm):
     params = SamplingParams(gen_length=32, steps=32, block_length=8, threshold=0.05, seed=0, stop_at_eos=False)
     res = cached_llm.generate(["It is a truth"], params)[0]
     assert 4 <= res.steps < 32  # at least one commit per step and block, far fewer than the schedule
+
+
+def test_cache_allocated_on_first_use_serves_offline_and_server_steps(tiny_model_dir):
+    """The first cached request may run under inference_mode (LLM.generate); the server's step
+    thread later writes the same buffers under no_grad."""
+    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=2, max_prompt_tokens=64, max_gen_length=64))
+    assert llm.runner.kv is None  # no cache unless a request asks for one
+    params = SamplingParams(gen_length=16, steps=16, block_length=8, seed=0, kv_cache="dual")
+    first = llm.generate(["It is a truth"], params)[0]
+    seq = llm.sequence(llm.encode_prompt("It is a truth"), params)
+    llm.loop.add(seq)
+    with torch.no_grad():
+        llm.loop.run_to_completion()
+    assert seq.generated() == first.token_ids

@@ -18,6 +18,26 @@ class Remasking(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REMASKING_MARGIN: _ClassVar[Remasking]
     REMASKING_ENTROPY: _ClassVar[Remasking]
 
+class KvCache(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_CACHE_UNSPECIFIED: _ClassVar[KvCache]
+    KV_CACHE_NONE: _ClassVar[KvCache]
+    KV_CACHE_PREFIX: _ClassVar[KvCache]
+    KV_CACHE_DUAL: _ClassVar[KvCache]
+    KV_CACHE_EXACT: _ClassVar[KvCache]
+
+class FactorRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FACTOR_RULE_UNSPECIFIED: _ClassVar[FactorRule]
+    FACTOR_RULE_FAST_DLLM: _ClassVar[FactorRule]
+    FACTOR_RULE_PAPER: _ClassVar[FactorRule]
+
+class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
+    SCHEDULE_LLADA: _ClassVar[Schedule]
+    SCHEDULE_DREAM: _ClassVar[Schedule]
+
 class StreamMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STREAM_MODE_UNSPECIFIED: _ClassVar[StreamMode]
@@ -36,6 +56,17 @@ REMASKING_LOW_CONFIDENCE: Remasking
 REMASKING_RANDOM: Remasking
 REMASKING_MARGIN: Remasking
 REMASKING_ENTROPY: Remasking
+KV_CACHE_UNSPECIFIED: KvCache
+KV_CACHE_NONE: KvCache
+KV_CACHE_PREFIX: KvCache
+KV_CACHE_DUAL: KvCache
+KV_CACHE_EXACT: KvCache
+FACTOR_RULE_UNSPECIFIED: FactorRule
+FACTOR_RULE_FAST_DLLM: FactorRule
+FACTOR_RULE_PAPER: FactorRule
+SCHEDULE_UNSPECIFIED: Schedule
+SCHEDULE_LLADA: Schedule
+SCHEDULE_DREAM: Schedule
 STREAM_MODE_UNSPECIFIED: StreamMode
 STREAM_MODE_EVERY_K_STEPS: StreamMode
 STREAM_MODE_BLOCK_COMPLETE: StreamMode
@@ -74,7 +105,7 @@ class StreamOptions(_message.Message):
     def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options")
+    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +120,12 @@ class GenerateRequest(_message.Message):
     CFG_SCALE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_RULE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     token_ids: TokenIds
@@ -103,7 +140,13 @@ class GenerateRequest(_message.Message):
     cfg_scale: float
     seed: int
     stream_options: StreamOptions
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ...) -> None: ...
+    kv_cache: KvCache
+    factor_rule: FactorRule
+    schedule: Schedule
+    eps: float
+    top_k: int
+    top_p: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "masked", "committed_this_step", "confidence")
@@ -130,7 +173,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed")
+    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +188,7 @@ class GenerateResponse(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     total_steps: int
@@ -159,7 +203,8 @@ class GenerateResponse(_message.Message):
     seed: int
     usage: Usage
     elapsed: _duration_pb2.Duration
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    kv_cache: KvCache
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
@@ -178,18 +223,22 @@ class Limits(_message.Message):
     def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_gen_length: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_queue: _Optional[int] = ...) -> None: ...
 
 class SamplingDefaults(_message.Message):
-    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking")
+    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking", "kv_cache", "schedule")
     GEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     REMASKING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     gen_length: int
     steps: int
     block_length: int
     temperature: float
     remasking: Remasking
-    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ...) -> None: ...
+    kv_cache: KvCache
+    schedule: Schedule
+    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
     __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device")

@@ -1,0 +1,72 @@
+"""The decoders of the engine-exactness work reach every surface: gRPC, HTTP, the Python client
+and the `celeris` command take kv_cache / factor_rule / schedule / eps / top_k / top_p, report the
+cache a request decoded over, and fit steps and block length to a length given alone."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from celeris.v1 import generation_pb2 as pb
+from clients import CelerisClient
+from engine.params import SamplingParams
+from tests.integration.conftest import collect, running_server
+from tests.integration.live_server import live_server
+
+PROMPT = "It is a truth universally"
+
+
+@pytest.mark.parametrize("cache,pb_cache", [("prefix", pb.KV_CACHE_PREFIX), ("dual", pb.KV_CACHE_DUAL)])
+async def test_grpc_kv_cache_per_request_decodes_like_the_engine_and_is_reported(tiny_llm, cache, pb_cache):
+    params = SamplingParams(gen_length=16, steps=16, block_length=8, threshold=0.3, seed=2, kv_cache=cache)
+    expected = tiny_llm.generate_one(PROMPT, params)
+    req = pb.GenerateRequest(prompt=PROMPT, gen_length=16, steps=16, block_length=8, threshold=0.3, seed=2,
+                             kv_cache=pb_cache)
+    async with running_server(tiny_llm) as (_, stub, _):
+        msgs = await collect(stub.Generate(req))
+        plain = await collect(stub.Generate(pb.GenerateRequest(prompt=PROMPT, gen_length=16, seed=2)))
+    assert msgs[-1].kv_cache == pb_cache and msgs[-1].usage.forward_passes == expected.steps
+    assert msgs[-1].text == expected.text
+    assert all(m.kv_cache == pb.KV_CACHE_UNSPECIFIED for m in msgs[:-1])  # last message only
+    assert plain[-1].kv_cache == pb.KV_CACHE_NONE  # the server default
+
+
+async def test_grpc_gen_length_alone_fits_steps_and_block(tiny_llm):
+    async with running_server(tiny_llm) as (_, stub, _):
+        for g in (16, 4, 7):
+            msgs = await collect(stub.Generate(pb.GenerateRequest(prompt=PROMPT, gen_length=g, seed=0)))
+            assert msgs[-1].done and len(msgs[-1].tokens) == g
+
+
+async def test_grpc_new_knobs_are_validated_by_the_engine(tiny_llm):
+    import grpc
+
+    async with running_server(tiny_llm) as (_, stub, _):
+        for req, field in ((pb.GenerateRequest(prompt=PROMPT, top_p=1.5), "top_p"),
+                           (pb.GenerateRequest(prompt=PROMPT, eps=0.0, schedule=pb.SCHEDULE_DREAM), "eps"),
+                           (pb.GenerateRequest(prompt=PROMPT, kv_cache=pb.KV_CACHE_EXACT), "kv_cache"),
+                           (pb.GenerateRequest(prompt=PROMPT, factor_rule=99), "factor_rule")):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(stub.Generate(req))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+
+def test_http_and_the_python_client_take_the_knobs_and_report_the_cache(tiny_llm):
+    params = SamplingParams(gen_length=16, steps=16, block_length=16, factor=1.0, factor_rule="paper", seed=4,
+                            kv_cache="dual")
+    expected = tiny_llm.generate_one(PROMPT, params)
+    with live_server(tiny_llm) as live:
+        body = {"model": "celeris-tiny", "prompt": PROMPT, "max_tokens": 16, "block_length": 16, "steps": 16,
+                "factor": 1.0, "factor_rule": "paper", "seed": 4, "kv_cache": "dual"}
+        req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out = json.loads(resp.read())
+        assert out["choices"][0]["text"] == expected.text and out["celeris"]["kv_cache"] == "dual"
+        with CelerisClient(live.grpc_target) as c:
+            res = c.generate(PROMPT, gen_length=16, steps=16, block_length=16, factor=1.0, factor_rule="paper",
+                             seed=4, kv_cache="dual")
+            assert res.text == expected.text and res.kv_cache == "dual"
+            assert c.model_info().defaults.gen_length == tiny_llm.defaults.gen_length
