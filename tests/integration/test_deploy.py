@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +22,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from server.health import SERVICE_NAME
 from server.telemetry import Metrics
