@@ -32,9 +32,10 @@ class InProcessBackend:
     async def open(self) -> dict[str, Any]:
         import torch
 
+        from engine.threads import configure_threads
+
         a = self.args
-        if a.threads:
-            torch.set_num_threads(a.threads)
+        configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
         gen = a.gen_length or 0
         cfg = EngineConfig(device=a.device, dtype=a.dtype, max_batch=a.max_batch or a.concurrency,
                            max_queue=max(64, a.requests + a.warmup), max_gen_length=max(512, gen),

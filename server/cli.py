@@ -32,13 +32,11 @@ def run_client(argv: list[str]) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    import torch
-
     from engine.errors import ModelLoadError
     from engine.llm import LLM
+    from engine.threads import configure_threads
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     sampling_from_args(a)  # obviously bad flags fail before the model loads
     try:
         llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=4096, max_prompt_tokens=4096))

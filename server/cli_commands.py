@@ -22,13 +22,11 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     import dataclasses
 
-    import torch
-
     from engine.llm import LLM
+    from engine.threads import configure_threads
     from engine.training.evaluate import evaluate, format_report
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     llm = LLM.load(a.model, engine_config_from_args(a, max_batch=64, max_queue=4096))
     report = evaluate(llm, a.cache_dir, limit=a.limit)
     if a.json:
@@ -97,15 +95,13 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
-    import torch
-
     from engine.llm import LLM
+    from engine.threads import configure_threads
     from server.app import ServerSettings
     from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
     configure_logging(None if a.log_format == "auto" else a.log_format == "json")
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
     llm = LLM.load(a.model, cfg)

@@ -1,0 +1,115 @@
+"""How many CPU threads torch should use: the CPUs this process may actually run on.
+
+torch's default is the host's core count, which inside a container or a cgroup with a CPU quota
+(Kubernetes `resources.limits.cpu`) oversubscribes the quota and makes every step slower. The
+limit is the smaller of the affinity mask (`taskset`, cpusets) and the CFS quota, read from
+cgroup v2 (`cpu.max`) or v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`) along this process's
+cgroup path up to the root (a parent's limit binds the children too).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def affinity_cpus() -> int:
+    """CPUs in this process's affinity mask (os.cpu_count() where the mask cannot be read)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _ancestors(root: Path, rel: str) -> list[Path]:
+    """root/a/b, root/a, root: the cgroup and each parent inside the mount."""
+    parts = [p for p in rel.strip("/").split("/") if p and p != ".."]
+    return [root.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _v2_quota(root: Path, rel: str) -> Optional[float]:
+    best: Optional[float] = None
+    for d in _ancestors(root, rel):
+        text = _read(d / "cpu.max")  # "max 100000" or "QUOTA PERIOD"
+        if not text:
+            continue
+        fields = text.split()
+        try:
+            if fields[0] != "max" and int(fields[1]) > 0 and int(fields[0]) > 0:
+                q = int(fields[0]) / int(fields[1])
+                best = q if best is None else min(best, q)
+        except (IndexError, ValueError):
+            continue
+    return best
+
+
+def _v1_quota(root: Path, controllers: str, rel: str) -> Optional[float]:
+    mounts = [root / controllers, root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu"]
+    mount = next((m for m in mounts if m.is_dir()), None)
+    if mount is None:
+        return None
+    best: Optional[float] = None
+    for d in _ancestors(mount, rel):
+        quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+        try:
+            if quota is not None and period is not None and int(quota) > 0 and int(period) > 0:
+                q = int(quota) / int(period)
+                best = q if best is None else min(best, q)
+        except ValueError:
+            continue
+    return best
+
+
+def cgroup_cpu_quota(proc_cgroup: Path = PROC_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> Optional[float]:
+    """The CFS CPU quota in CPUs (1.5 = 150 ms per 100 ms), or None when there is none."""
+    text = _read(proc_cgroup)
+    if text is None:
+        return None
+    found: list[float] = []
+    for line in text.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if hier == "0" and controllers == "":  # cgroup v2, the unified hierarchy
+            qs = [q for m in (cgroup_root, cgroup_root / "unified") if (q := _v2_quota(m, rel)) is not None]
+            q = min(qs) if qs else None  # pure v2 mounts at the root, hybrid set-ups under unified/
+        elif "cpu" in controllers.split(","):
+            q = _v1_quota(cgroup_root, controllers, rel)
+        else:
+            continue
+        if q is not None:
+            found.append(q)
+    return min(found) if found else None
+
+
+def available_cpus(proc_cgroup: Path = PROC_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> int:
+    """CPUs this process may use: min(affinity, ceil(cgroup quota)), at least 1."""
+    n = affinity_cpus()
+    quota = cgroup_cpu_quota(proc_cgroup, cgroup_root)
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota - 1e-9)))
+    return max(1, n)
+
+
+def configure_threads(threads: Optional[int] = None) -> int:
+    """Set torch's intra-op threads: `threads` when given (--threads), else the CPUs this
+    process may use. Returns the number set."""
+    import torch
+
+    n = threads if threads else available_cpus()
+    torch.set_num_threads(n)
+    return n
+
+
+__all__ = ["available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads"]

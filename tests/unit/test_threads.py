@@ -1,0 +1,94 @@
+"""engine.threads: torch's default threads follow the CPUs this process may use (affinity and
+cgroup quota), read from fake /proc/self/cgroup and cgroup trees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import threads
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def many_cpus(monkeypatch):
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 64)
+
+
+def test_cgroup_v2_quota_rounds_up(tmp_path, many_cpus):
+    _write(tmp_path / "proc", "0::/kubepods/pod1/ctr\n")
+    _write(tmp_path / "cg/kubepods/pod1/ctr/cpu.max", "150000 100000\n")
+    assert threads.cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") == 1.5
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 2
+
+
+def test_cgroup_v2_parent_limit_binds(tmp_path, many_cpus):
+    _write(tmp_path / "proc", "0::/a/b\n")
+    _write(tmp_path / "cg/a/b/cpu.max", "max 100000\n")
+    _write(tmp_path / "cg/a/cpu.max", "300000 100000\n")
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 3
+
+
+def test_cgroup_v2_namespaced_root(tmp_path, many_cpus):
+    """Inside a container's cgroup namespace the path is "/" and cpu.max sits at the mount root."""
+    _write(tmp_path / "proc", "0::/\n")
+    _write(tmp_path / "cg/cpu.max", "200000 100000\n")
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 2
+
+
+def test_cgroup_v2_unlimited_uses_affinity(tmp_path, many_cpus):
+    _write(tmp_path / "proc", "0::/\n")
+    _write(tmp_path / "cg/cpu.max", "max 100000\n")
+    assert threads.cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") is None
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 64
+
+
+def test_cgroup_v1_cfs_quota(tmp_path, many_cpus):
+    _write(tmp_path / "proc", "4:memory:/docker/x\n2:cpu,cpuacct:/docker/x\n")
+    _write(tmp_path / "cg/cpu,cpuacct/docker/x/cpu.cfs_quota_us", "400000\n")
+    _write(tmp_path / "cg/cpu,cpuacct/docker/x/cpu.cfs_period_us", "100000\n")
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 4
+
+
+def test_cgroup_v1_unlimited_quota(tmp_path, many_cpus):
+    _write(tmp_path / "proc", "1:cpu:/\n")
+    _write(tmp_path / "cg/cpu/cpu.cfs_quota_us", "-1\n")
+    _write(tmp_path / "cg/cpu/cpu.cfs_period_us", "100000\n")
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 64
+
+
+def test_small_quota_is_at_least_one_and_affinity_caps(tmp_path, monkeypatch):
+    _write(tmp_path / "proc", "0::/\n")
+    _write(tmp_path / "cg/cpu.max", "10000 100000\n")  # a tenth of a CPU
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 8)
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 1
+    _write(tmp_path / "cg/cpu.max", "1600000 100000\n")  # 16 CPUs of quota, but only 8 allowed
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 8
+
+
+def test_missing_or_garbled_files_fall_back_to_affinity(tmp_path, many_cpus):
+    assert threads.available_cpus(tmp_path / "no-such-file", tmp_path / "cg") == 64
+    _write(tmp_path / "proc", "0::/\n")
+    _write(tmp_path / "cg/cpu.max", "garbage\n")
+    assert threads.available_cpus(tmp_path / "proc", tmp_path / "cg") == 64
+
+
+def test_affinity_mask_is_read(monkeypatch):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 3, 5})
+    assert threads.affinity_cpus() == 3
+
+
+def test_configure_threads_explicit_wins(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "available_cpus", lambda: 1)
+    try:
+        assert threads.configure_threads(None) == 1 and torch.get_num_threads() == 1
+        assert threads.configure_threads(2) == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
