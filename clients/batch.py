@@ -15,12 +15,13 @@ last line for an id wins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterator, Optional, TextIO
 
 from clients.client import AsyncCelerisClient
 from clients.errors import CelerisError
@@ -105,10 +106,33 @@ def read_items(path: Path, defaults: dict[str, Any], err: TextIO) -> tuple[list[
     return items, bad
 
 
+def to_stream(out_path: Path) -> bool:
+    """`-`, or an existing path that is not a regular file (/dev/stdout on a pipe, a FIFO): written
+    as a stream, with nothing to resume from."""
+    return str(out_path) == "-" or (out_path.exists() and not out_path.is_file())
+
+
+@contextlib.contextmanager
+def _open_output(out_path: Path) -> Iterator[TextIO]:
+    if str(out_path) == "-":
+        yield sys.stdout
+        return
+    if to_stream(out_path):
+        with open(out_path, "w", encoding="utf-8") as out:
+            yield out
+        return
+    with open(out_path, "a+", encoding="utf-8") as out:
+        if out.tell() > 0:  # a run killed mid-write may have left a torn line: start a fresh one
+            out.seek(out.tell() - 1)
+            if out.read(1) != "\n":
+                out.write("\n")
+        yield out
+
+
 def done_ids(out_path: Path) -> set[str]:
     """Ids with an "ok" line in a previous run's output (a torn last line is ignored)."""
     done: set[str] = set()
-    if not out_path.exists():
+    if to_stream(out_path) or not out_path.exists():
         return done
     for line in out_path.read_text(encoding="utf-8").splitlines():
         try:
@@ -153,11 +177,7 @@ async def run_batch(client: AsyncCelerisClient, in_path: Path, out_path: Path, *
     for it in todo:
         queue.put_nowait(it)
     t0 = time.perf_counter()
-    with open(out_path, "a+", encoding="utf-8") as out:
-        if out.tell() > 0:  # a run killed mid-write may have left a torn line: start a fresh one
-            out.seek(out.tell() - 1)
-            if out.read(1) != "\n":
-                out.write("\n")
+    with _open_output(out_path) as out:
 
         async def worker() -> None:
             while not queue.empty():

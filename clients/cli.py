@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("batch", help="one generation per JSONL line, resumable")
     b.add_argument("input", type=Path, help="input JSONL: {\"id\", \"prompt\" | \"messages\" | \"token_ids\", knobs}")
-    b.add_argument("output", type=Path, help="output JSONL (appended; ids already ok are skipped)")
+    b.add_argument("output", type=Path, help="output JSONL (appended; ids already ok are skipped); - for stdout")
     b.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
     add_connection_args(b)
     add_knob_args(b, "default knobs for lines that do not set them")
@@ -162,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def closed_pipe() -> int:
+    """The reader of stdout went away (`| head`): stop quietly, as cat or grep do. stdout is
+    pointed at /dev/null so the interpreter's last flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    return 0
+
+
 def main(argv: Optional[list[str]] = None, in_process: Optional[Callable[[argparse.Namespace], Any]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = build_parser().parse_args(argv)
@@ -174,6 +186,8 @@ def main(argv: Optional[list[str]] = None, in_process: Optional[Callable[[argpar
     except CelerisError as e:
         print(f"celeris {a.command}: error: {e.describe()}", file=sys.stderr)
         return 2 if e.code == grpc.StatusCode.INVALID_ARGUMENT else 1
+    except BrokenPipeError:
+        return closed_pipe()
     except (ValueError, OSError) as e:  # out-of-range knob values, unreadable files
         print(f"celeris {a.command}: error: {e}", file=sys.stderr)
         return 2

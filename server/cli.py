@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional
 
@@ -84,6 +85,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except EngineError as e:  # bad parameters, missing model folder: one line, non-zero exit
         print(f"celeris {a.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `celeris run --json | head -c1`: end quietly, as clients.cli does
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
     except KeyboardInterrupt:
         return 130
 

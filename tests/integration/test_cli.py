@@ -133,3 +133,46 @@ def test_bench_in_process_needs_the_dispatcher(capsys):
 
     assert client_main(["bench", "--in-process"]) == 2
     assert "celeris" in capsys.readouterr().err
+
+
+def _piped_into_head(argv: list[str]) -> tuple[int, str, str]:
+    """Run `celeris ARGV | head -1` with real processes; (rc of celeris, first line, its stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "server.cli", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    first = p.stdout.readline().decode()
+    p.stdout.close()  # the reader goes away, as head does after its line
+    try:
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    return rc, first, err
+
+
+def test_generate_json_into_a_closed_pipe_ends_quietly(live):
+    rc, first, err = _piped_into_head(["generate", "--server", live.grpc_target, "Emma", "--json",
+                                       "--gen-length", "64", "--steps", "64", "--block-length", "8"])
+    assert json.loads(first)["step"] == 1
+    assert rc == 0 and "Traceback" not in err and "Errno 32" not in err and "error" not in err, err
+
+
+def test_batch_to_stdout_into_a_closed_pipe_ends_quietly(live, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Emma {i}"}) + "\n" for i in range(12)))
+    rc, first, err = _piped_into_head(["batch", str(src), "-", "--server", live.grpc_target, "--concurrency", "1",
+                                       *KNOBS[:6]])
+    assert json.loads(first)["status"] == "ok"
+    assert rc == 0 and "Traceback" not in err and "Errno 32" not in err, err
+
+
+def test_batch_to_stdout_writes_every_line(live, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Emma {i}"}) + "\n" for i in range(3)))
+    assert celeris(["batch", str(src), "-", "--server", live.grpc_target, *KNOBS[:6]]) == 0
+    recs = [json.loads(x) for x in command_output(capsys.readouterr().out)]
+    assert sorted(r["id"] for r in recs) == ["q0", "q1", "q2"] and {r["status"] for r in recs} == {"ok"}
