@@ -147,6 +147,12 @@ class CelerisServer:
         log.info("server.stopped")
         self._stopped.set()
 
+    @property
+    def idle(self) -> bool:
+        """No request admitted or being read by either door: a stop needs no drain."""
+        http_busy = self.http is not None and self.http.inflight > 0
+        return (self.scheduler is None or self.scheduler.active == 0) and not http_busy
+
     async def wait(self) -> None:
         await self._stopped.wait()
 

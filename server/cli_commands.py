@@ -92,6 +92,8 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                     help="auto = OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else none")
     ap.add_argument("--log-prompts", action="store_true", help="include prompt text in logs (off by default)")
     ap.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    ap.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                    help="debug adds health probes (gRPC Check/Watch, HTTP /health) to the access log")
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
@@ -100,7 +102,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     from server.app import ServerSettings
     from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
-    configure_logging(None if a.log_format == "auto" else a.log_format == "json")
+    configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
@@ -126,9 +128,12 @@ async def _serve(llm, settings, telemetry) -> None:
     stopping: list[asyncio.Task] = []
 
     def on_signal(sig: signal.Signals) -> None:
-        log.info("server.signal", signal=sig.name)
+        # SIGTERM (Kubernetes) always drains, so balancers move traffic away first. SIGINT is a
+        # person at a terminal: with nothing running there is nothing to drain, so stop at once.
+        idle = sig == signal.SIGINT and server.idle
+        log.info("server.signal", signal=sig.name, idle=idle)
         if not stopping:
-            stopping.append(loop.create_task(server.stop()))
+            stopping.append(loop.create_task(server.stop(drain_seconds=0) if idle else server.stop()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)

@@ -34,6 +34,7 @@ from server.openai_responses import Responder, sse
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = ("/", "/health")  # no token needed: the page asks for one, probes have none
+PROBE_PATHS = ("/health",)
 PARSE_OFF_LOOP = 64 << 10  # bodies larger than this are parsed in a worker thread
 
 
@@ -110,6 +111,11 @@ class HttpGateway:
         self._page = b""
         self._created = int(time.time())
 
+    @property
+    def inflight(self) -> int:
+        """Generation handlers running (reading a body, queued or decoding)."""
+        return self._inflight
+
     # ------------------------------------------------------------------ lifecycle
 
     def app(self) -> web.Application:
@@ -169,7 +175,8 @@ class HttpGateway:
             status = 499  # the client went away
             raise
         finally:
-            log.info("http", method=request.method, path=request.path, status=status, peer=request.remote,
+            emit = log.debug if request.path in PROBE_PATHS else log.info  # probes come every few seconds
+            emit("http", method=request.method, path=request.path, status=status, peer=request.remote,
                      duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
 
     @web.middleware

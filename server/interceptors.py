@@ -18,6 +18,7 @@ from server.errors import abort
 from server.guard import Guard
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+PROBE_PREFIX = "/grpc.health.v1.Health/"  # Check and Watch: logged at debug, probes come every few seconds
 
 Behavior = Callable
 
@@ -85,6 +86,7 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method, log = details.method, self.log
+        emit = log.debug if method.startswith(PROBE_PREFIX) else log.info
 
         def wrap(fn: Behavior, streaming: bool) -> Behavior:
             # The peer is read up front: touching the context of a cancelled call is unsafe.
@@ -99,8 +101,8 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
                         code = _code_of(context, e)
                         raise
                     finally:
-                        log.info("rpc", method=method, peer=peer, code=code, messages=sent,
-                                 duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
+                        emit("rpc", method=method, peer=peer, code=code, messages=sent,
+                             duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
                 return logged_stream
 
             async def logged(request, context):  # unary, or streaming through context.write
@@ -111,8 +113,8 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(context, e)
                     raise
                 finally:
-                    log.info("rpc", method=method, peer=peer, code=code,
-                             duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
+                    emit("rpc", method=method, peer=peer, code=code,
+                         duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
             return logged
         return _rewrap(handler, wrap)
 

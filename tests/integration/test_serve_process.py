@@ -1,0 +1,79 @@
+"""`celeris serve` as a person runs it: Ctrl-C on an idle server stops at once, SIGTERM still
+drains, and health probes stay out of the info-level access log."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+
+from grpc_health.v1 import health_pb2
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LONG_DRAIN = "60"  # far longer than any wait below: a stop that honours it cannot pass for "at once"
+
+
+def _log_records(proc) -> list[dict]:
+    out = []
+    for line in proc.log_path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def test_sigint_on_an_idle_server_exits_without_the_drain(spawn):
+    proc = spawn("--drain-seconds", LONG_DRAIN, "--grace-seconds", LONG_DRAIN)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0  # would take 60 s if the drain were waited out
+    assert time.monotonic() - t0 < 30
+    events = [r.get("event") for r in _log_records(proc)]
+    assert "server.stopped" in events
+
+
+def test_sigterm_on_an_idle_server_still_drains(spawn):
+    proc = spawn("--drain-seconds", LONG_DRAIN)
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while proc.health() != NOT_SERVING:  # balancers are told at once ...
+        assert time.monotonic() < deadline, "health still SERVING after SIGTERM"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert proc.alive  # ... and the process waits out its drain for them
+    signal_lines = [r for r in _log_records(proc) if r.get("event") == "server.signal"]
+    assert signal_lines and signal_lines[0]["signal"] == "SIGTERM" and signal_lines[0]["idle"] is False
+
+
+def test_health_probes_are_logged_at_debug_only(spawn):
+    from tests.integration.server_process import free_port
+
+    http = free_port()
+    quiet = spawn("--http-port", str(http))
+    for _ in range(3):
+        assert quiet.health() is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=5) as r:
+            assert r.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/models", timeout=5) as r:
+        assert r.status == 200
+    time.sleep(0.3)  # let the last access lines reach the log
+    recs = _log_records(quiet)
+    http_paths = [r.get("path") for r in recs if r.get("event") == "http"]
+    rpc_methods = [r.get("method") for r in recs if r.get("event") == "rpc"]
+    assert "/v1/models" in http_paths and "/health" not in http_paths
+    assert not any(m and m.startswith("/grpc.health.v1.Health/") for m in rpc_methods)
+
+    http2 = free_port()
+    loud = spawn("--http-port", str(http2), "--log-level", "debug")
+    assert loud.health() is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{http2}/health", timeout=5) as r:
+        assert r.status == 200
+    time.sleep(0.3)
+    recs = _log_records(loud)
+    probes = [r for r in recs if r.get("event") in ("rpc", "http")
+              and (r.get("path") == "/health" or str(r.get("method", "")).startswith("/grpc.health.v1.Health/"))]
+    assert probes and {r["level"] for r in probes} == {"debug"}
