@@ -13,11 +13,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Optional
 
 from server.cli_args import add_model_args, add_sampling_args, engine_config_from_args, sampling_from_args
 
 CLIENT_COMMANDS = ("generate", "batch", "bench")
+_IMPORTED = time.perf_counter()
 
 
 def run_client(argv: list[str]) -> int:
@@ -32,24 +34,43 @@ def run_client(argv: list[str]) -> int:
     return client_main(argv, **extra)
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (the interpreter's own start-up and every import
+    included), from /proc; since this module was imported where /proc is not there."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.perf_counter() - _IMPORTED
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from engine.errors import ModelLoadError
     from engine.llm import LLM
     from engine.threads import configure_threads
 
-    configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
+    t_imports, t0 = process_age_s(), time.perf_counter()
+    threads = configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     sampling_from_args(a)  # obviously bad flags fail before the model loads
     try:
         llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=4096, max_prompt_tokens=4096))
     except ModelLoadError as e:
         raise ModelLoadError(f"--model: {e}") from None
+    t1 = time.perf_counter()
     res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
+    t2 = time.perf_counter()
+    timings = {"imports_s": round(t_imports, 3), "load_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
+               "threads": threads}
     if a.json:
-        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
-                          "finish_reason": res.finish_reason.value, "seed": res.seed,
-                          "kv_cache": llm.kv_cache}))
+        out = {"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
+               "finish_reason": res.finish_reason.value, "seed": res.seed, "kv_cache": llm.kv_cache}
+        print(json.dumps(out | ({"timings": timings} if a.timings else {})))
     else:
         print(res.text)
+    if a.timings:
+        print(f"celeris run: start-up {t_imports:.2f} s (interpreter and imports) + {t1 - t0:.2f} s (model build "
+              f"and load) + {t2 - t1:.2f} s (generation, {res.steps} forward passes); {threads} torch threads",
+              file=sys.stderr)
     return 0
 
 
@@ -61,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(run)
     run.add_argument("--prompt", required=True, help="prompt text")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--timings", action="store_true",
+                     help="print the start-up split to stderr (and as `timings` in --json): interpreter and "
+                          "imports, model build and load, generation")
     add_sampling_args(run)
     run.set_defaults(func=cmd_run)
 

@@ -60,3 +60,32 @@ def test_generation_config_sets_model_defaults(tiny_model_dir, tmp_path, capsys)
     main(["run", "--model", str(d), "--prompt", "It is", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] <= 4 and len(out["token_ids"]) <= 8
+
+
+def test_run_timings_split_on_the_embedded_model():
+    """The start-up split is printed and recorded; loading the embedded model no longer pulls in
+    torch._dynamo (the meta-device init did, about 1 s), and stays a small part of the start-up."""
+    r = run_cli("run", "--prompt", "It is a truth", "--gen-length", "4", "--json", "--timings")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["timings"]
+    assert set(t) == {"imports_s", "load_s", "generate_s", "threads"} and t["threads"] >= 1
+    assert all(t[k] >= 0 for k in ("imports_s", "load_s", "generate_s"))
+    assert "start-up" in r.stderr and "model build and load" in r.stderr
+    probe = ("import sys; from engine.llm import LLM; LLM.load(); "
+             "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_skip_meta_init_only_skips_meta_tensors():
+    import torch
+
+    from engine.llm import skip_meta_init
+
+    before = torch.nn.init.normal_
+    with skip_meta_init():
+        with torch.device("meta"):
+            meta = torch.nn.Linear(4, 4)
+        real = torch.nn.init.normal_(torch.zeros(64), std=1.0)
+    assert torch.nn.init.normal_ is before  # restored
+    assert meta.weight.is_meta and real.abs().sum() > 0  # real tensors still initialized
