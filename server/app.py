@@ -53,7 +53,12 @@ class ServerSettings:
     metrics_port: Optional[int] = None
     metrics_host: Optional[str] = None  # None: the gRPC host
     http_port: Optional[int] = None
+    served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
     warmup: bool = True
+
+    def model_names(self, model_name: str) -> tuple[str, ...]:
+        """The served name first, then its aliases."""
+        return tuple(self.served_model_names) or (model_name,)
 
     def grpc_options(self) -> list[tuple[str, int]]:
         ms = lambda s: int(s * 1000)  # noqa: E731
@@ -92,7 +97,7 @@ class CelerisServer:
         interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.llm, self.lifecycle), self.grpc)
+            GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0]), self.grpc)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.grpc)
@@ -114,7 +119,7 @@ class CelerisServer:
         if s.warmup:
             await self._warmup()
         await self.health.set(True)
-        log.info("server.started", port=self.port, model=self.llm.name, http_port=self.http.port if self.http else None)
+        log.info("server.started", port=self.port, model=s.model_names(self.llm.name)[0], http_port=self.http.port if self.http else None)
         return self.port
 
     async def _warmup(self) -> None:

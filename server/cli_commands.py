@@ -70,6 +70,9 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--host", default=d.host, help="bind address (default %(default)s)")
     ap.add_argument("--port", type=int, default=d.port, help="gRPC port (default %(default)s)")
     ap.add_argument("--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP gateway and web page")
+    ap.add_argument("--served-model-name", dest="served_model_names", nargs="+", metavar="NAME", default=None,
+                    help="the model name HTTP clients send and /v1/models lists, then aliases; other names get "
+                         "404 model_not_found (default: the model's own name)")
     ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
     ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
@@ -111,7 +114,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
-                              max_streams_per_connection=a.max_streams_per_connection)
+                              max_streams_per_connection=a.max_streams_per_connection,
+                              served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     asyncio.run(_serve(llm, settings, telemetry))
     return 0

@@ -132,10 +132,11 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float) -> pb.Ge
     return msg
 
 
-def model_info(llm) -> pb.GetModelInfoResponse:
+def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
+    """`name`: the served model name (--served-model-name), else the model's own."""
     cfg, ec, d = llm.model_config, llm.config, llm.defaults
     return pb.GetModelInfoResponse(
-        name=llm.name, architecture=cfg.arch, parameter_count=llm.parameter_count, vocab_size=cfg.vocab_size,
+        name=name or llm.name, architecture=cfg.arch, parameter_count=llm.parameter_count, vocab_size=cfg.vocab_size,
         mask_token_id=cfg.mask_token_id, eos_token_id=cfg.eos_token_id,
         limits=pb.Limits(max_prompt_tokens=ec.max_prompt_tokens, max_gen_length=ec.max_gen_length,
                          max_batch=ec.max_batch, max_queue=ec.max_queue),

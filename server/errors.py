@@ -23,6 +23,10 @@ class UnsupportedMediaType(InvalidRequest):
     """An HTTP body that is not JSON (form posts and text/plain, as browsers send cross-site)."""
 
 
+class ModelNotFound(InvalidRequest):
+    """An HTTP request naming a model this server does not serve (OpenAI's and vLLM's 404)."""
+
+
 class RequestTooLarge(InvalidRequest):
     """A body over the size limit (gRPC refuses such messages itself, with RESOURCE_EXHAUSTED)."""
 
@@ -39,6 +43,7 @@ INTERNAL = Kind(grpc.StatusCode.INTERNAL, 500, "server_error", "internal_error")
 # Most specific first: the first matching row wins.
 TABLE: tuple[tuple[type, Kind], ...] = (
     (UnsupportedMediaType, Kind(grpc.StatusCode.INVALID_ARGUMENT, 415, "invalid_request_error", "unsupported_media_type")),
+    (ModelNotFound, Kind(grpc.StatusCode.NOT_FOUND, 404, "invalid_request_error", "model_not_found")),
     (RequestTooLarge, Kind(grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "invalid_request_error", "request_too_large")),
     (InvalidRequest, Kind(grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error", "invalid_value")),
     (Unauthenticated, Kind(grpc.StatusCode.UNAUTHENTICATED, 401, "invalid_request_error", "invalid_api_key")),

@@ -110,6 +110,7 @@ class HttpGateway:
         self._idle.set()
         self._page = b""
         self._created = int(time.time())
+        self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
 
     @property
     def inflight(self) -> int:
@@ -205,22 +206,26 @@ class HttpGateway:
 
     async def healthz(self, request: web.Request) -> web.Response:
         serving = (self.health.serving if self.health is not None else True) and not self.draining
-        body = {"status": "serving" if serving else "not_serving", "model": self.llm.name,
+        body = {"status": "serving" if serving else "not_serving", "model": self.model_names[0],
                 "running": self.scheduler.running, "queued": self.scheduler.queued}
         return web.json_response(body, status=200 if serving else 503)
 
-    def _model_card(self) -> dict[str, Any]:
-        return {"id": self.llm.name, "object": "model", "created": self._created, "owned_by": "celeris"}
+    def _model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "celeris",
+                "root": self.llm.name, "parent": None, "max_model_len": self.max_model_len}
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.config.max_prompt_tokens + self.llm.config.max_gen_length
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._model_card()]})
+        return web.json_response({"object": "list", "data": [self._model_card(n) for n in self.model_names]})
 
     async def model(self, request: web.Request) -> web.Response:
-        if request.match_info["model"] != self.llm.name:
-            body = error_body(f"model {clip(request.match_info['model'])} not found; this server serves "
-                              f"{self.llm.name!r}", "invalid_request_error", "model", "model_not_found")
-            return web.json_response(body, status=404)
-        return web.json_response(self._model_card())
+        name = request.match_info["model"]
+        if name not in self.model_names:
+            return error_json(openai_api.model_not_found(name, self.model_names))
+        return web.json_response(self._model_card(name))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.complete(request, chat=False)
@@ -253,7 +258,7 @@ class HttpGateway:
             try:
                 req = None
                 body = await self._body(request)
-                req = openai_api.parse_request(body, self.llm.defaults, chat)
+                req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
                 stream = await life.submit(openai_api.engine_request(req, request.headers.get("X-Request-Id", "")))
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
@@ -262,7 +267,7 @@ class HttpGateway:
             except EngineError as e:
                 life.fail(e)
                 return error_json(e)
-            responder = Responder(chat, stream.request_id, self.llm.name, self.llm.tokenizer)
+            responder = Responder(chat, stream.request_id, req.model, self.llm.tokenizer)
             if req.stream:
                 return await self._stream(request, responder, req.diffusing, life)
             last: Optional[StepEvent] = None

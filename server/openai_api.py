@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from engine.errors import FieldViolation, InvalidRequest, clip
 from engine.llm import Request
 from engine.params import MAX_SEED, SamplingParams, fit_lengths
-from server.errors import error_body, to_openai
+from server.errors import ModelNotFound, error_body, to_openai
 
 INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k")
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
@@ -40,6 +40,7 @@ class GatewayRequest:
     stream: bool
     diffusing: bool
     length_param: str  # the name the client used for the length (for error messages)
+    model: str = ""  # the served name the client asked for (echoed in responses), else the first
 
 
 def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
@@ -130,10 +131,31 @@ def engine_request(req: GatewayRequest, request_id: str) -> Request:
     return Request(token_ids=req.prompt, params=req.params, request_id=request_id)
 
 
-def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayRequest:
-    """Read a request body; raise InvalidRequest naming every bad OpenAI parameter."""
+def model_not_found(name: str, served: Sequence[str]) -> ModelNotFound:
+    shown = name if len(name) <= 100 else name[:100] + "..."
+    return ModelNotFound([FieldViolation("model", f"the model `{shown}` does not exist; this server serves "
+                                                  f"{', '.join(repr(n) for n in served)}")])
+
+
+def _model(body: dict, served: Sequence[str]) -> str:
+    """The served name asked for; a missing (or null) `model` means the first. Checked before
+    anything else, as vLLM and OpenAI do: a wrong model is 404 model_not_found."""
+    name = body.get("model")
+    if name is None:
+        return served[0]
+    if not isinstance(name, str):
+        raise InvalidRequest([FieldViolation("model", f"must be a string, got {clip(name)}")])
+    if name not in served:
+        raise model_not_found(name, served)
+    return name
+
+
+def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Sequence[str] = ()) -> GatewayRequest:
+    """Read a request body; raise InvalidRequest naming every bad OpenAI parameter. `models`: the
+    served names (empty: no check, the model is reported as given)."""
     if not isinstance(body, dict):
         raise InvalidRequest([FieldViolation("body", "must be a JSON object")])
+    model = _model(body, models) if models else str(body.get("model") or "")
     v: list[FieldViolation] = []
     x = _typed(body, v)
     _unsupported(body, v)
@@ -153,7 +175,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
         given["top_k"] = 0
     params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
     return GatewayRequest(chat, prompt, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
-                          length_param)
+                          length_param, model)
 
 
 def rename_fields(e: InvalidRequest, req: Optional[GatewayRequest]) -> InvalidRequest:
@@ -168,5 +190,5 @@ def error_response(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
     return to_openai(exc)
 
 
-__all__ = ["GatewayRequest", "parse_request", "engine_request", "rename_fields", "fit_schedule", "error_body",
+__all__ = ["GatewayRequest", "parse_request", "model_not_found", "engine_request", "rename_fields", "fit_schedule", "error_body",
            "error_response"]

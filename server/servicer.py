@@ -23,8 +23,9 @@ def _carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, llm: LLM, lifecycle: Lifecycle):
+    def __init__(self, llm: LLM, lifecycle: Lifecycle, served_name: str = ""):
         self.llm, self.lifecycle = llm, lifecycle
+        self.served_name = served_name or llm.name  # --served-model-name, else the model's own
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
@@ -55,7 +56,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             life.close()
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
-        return convert.model_info(self.llm)
+        return convert.model_info(self.llm, self.served_name)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         try:

@@ -58,7 +58,7 @@ def test_http_and_the_python_client_take_the_knobs_and_report_the_cache(tiny_llm
                             kv_cache="dual")
     expected = tiny_llm.generate_one(PROMPT, params)
     with live_server(tiny_llm) as live:
-        body = {"model": "celeris-tiny", "prompt": PROMPT, "max_tokens": 16, "block_length": 16, "steps": 16,
+        body = {"model": tiny_llm.name, "prompt": PROMPT, "max_tokens": 16, "block_length": 16, "steps": 16,
                 "factor": 1.0, "factor_rule": "paper", "seed": 4, "kv_cache": "dual"}
         req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})

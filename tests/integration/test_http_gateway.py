@@ -16,6 +16,7 @@ from tests.integration.live_server import LiveServer, live_server
 
 PROMPT = "It is a truth universally"
 CHAT = [{"role": "user", "content": "Say something."}]
+MODEL = "model"  # the tiny test model's name (its config.json has none); a request naming another is a 404
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def sse_events(resp: http.client.HTTPResponse) -> list:
 
 def test_completions_match_grpc_and_share_its_scheduler(live):
     assert live.server.http.scheduler is live.server.scheduler  # one batch for both front doors
-    r = oai(live).completions.create(model="any", prompt=PROMPT, max_tokens=16, seed=1)
+    r = oai(live).completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=1)
     with CelerisClient(live.grpc_target) as c:  # max_tokens=16 fits as one 16-token block, 16 steps
         ref = c.generate(PROMPT, gen_length=16, block_length=16, steps=16, seed=1)
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
@@ -61,7 +62,7 @@ def test_completions_match_grpc_and_share_its_scheduler(live):
 
 
 def test_chat_completions(live, tiny_llm):
-    r = oai(live).chat.completions.create(model="any", messages=CHAT, max_tokens=16, seed=2,
+    r = oai(live).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, seed=2,
                                           extra_body={"steps": 8, "block_length": 8})
     msg = r.choices[0].message
     assert r.object == "chat.completion" and msg.role == "assistant" and isinstance(msg.content, str)
@@ -73,16 +74,16 @@ def test_chat_completions(live, tiny_llm):
 
 def test_streaming_appends_text_and_ends_with_usage(live):
     client = oai(live)
-    full = client.completions.create(model="m", prompt=PROMPT, max_tokens=32, seed=3, extra_body={"block_length": 8})
-    chunks = list(client.completions.create(model="m", prompt=PROMPT, max_tokens=32, seed=3, stream=True,
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, seed=3, extra_body={"block_length": 8})
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, seed=3, stream=True,
                                             extra_body={"block_length": 8}))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    chat = list(client.chat.completions.create(model="m", messages=CHAT, max_tokens=16, seed=3, stream=True))
+    chat = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, seed=3, stream=True))
     assert chat[0].choices[0].delta.role == "assistant" and chat[-1].usage is not None
-    ref = client.chat.completions.create(model="m", messages=CHAT, max_tokens=16, seed=3)
+    ref = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, seed=3)
     assert "".join(c.choices[0].delta.content or "" for c in chat) == ref.choices[0].message.content
 
 
@@ -99,7 +100,7 @@ def test_diffusing_stream_sends_full_snapshots(live, tiny_llm):
     assert all(len(x["tokens"]) == 16 for x in ext) and ext[-1]["done"] and not ext[0]["done"]
     assert "\u2592" in snaps[0]["choices"][0]["text"]  # masked positions shown in the snapshot text
     assert sum(c["new"] for c in ext[0]["tokens"]) == ext[0]["committed"] > 0
-    final = oai(live).completions.create(model="m", prompt=PROMPT, max_tokens=16, seed=4, extra_body={"steps": 8})
+    final = oai(live).completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=4, extra_body={"steps": 8})
     assert snaps[-1]["choices"][0]["text"] == final.choices[0].text
     assert snaps[-1]["usage"]["completion_tokens"] == final.usage.completion_tokens
 
@@ -117,14 +118,14 @@ def test_models_and_health(live, tiny_llm):
 def test_400_names_the_parameter(live):
     client = oai(live)
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt=PROMPT, max_tokens=1000)
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1000)
     assert e.value.body["param"] == "max_tokens" and e.value.body["type"] == "invalid_request_error"
     assert [v["field"] for v in e.value.body["field_violations"]] == ["max_tokens"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=CHAT, temperature=-1)
+        client.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt=PROMPT, extra_body={"remasking": "best"})
+        client.completions.create(model=MODEL, prompt=PROMPT, extra_body={"remasking": "best"})
     assert e.value.body["param"] == "remasking"
     resp = post(live, "/v1/completions", b"{not json")
     assert resp.status == 400 and json.loads(resp.read())["error"]["param"] == "body"
@@ -135,7 +136,7 @@ def test_401_without_the_token_health_and_page_exempt(tiny_llm):
         with pytest.raises(openai.AuthenticationError) as e:
             oai(s, "wrong").models.list()
         assert e.value.body["code"] == "invalid_api_key"
-        assert oai(s, "s3cret").completions.create(model="m", prompt=PROMPT, max_tokens=8).choices
+        assert oai(s, "s3cret").completions.create(model=MODEL, prompt=PROMPT, max_tokens=8).choices
         assert urllib.request.urlopen(s.http_url + "/health").status == 200
         assert urllib.request.urlopen(s.http_url + "/").status == 200
 
@@ -153,7 +154,7 @@ def test_429_when_rate_limited(tiny_llm):
 def test_503_while_draining(live):
     live.server.http.draining = True
     with pytest.raises(openai.InternalServerError) as e:
-        oai(live).completions.create(model="m", prompt=PROMPT, max_tokens=8)
+        oai(live).completions.create(model=MODEL, prompt=PROMPT, max_tokens=8)
     assert e.value.status_code == 503 and e.value.response.headers["Retry-After"] == "1"
     with pytest.raises(urllib.error.HTTPError) as h:
         urllib.request.urlopen(live.http_url + "/health")

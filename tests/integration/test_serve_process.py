@@ -49,17 +49,17 @@ def test_sigterm_on_an_idle_server_still_drains(spawn):
     assert signal_lines and signal_lines[0]["signal"] == "SIGTERM" and signal_lines[0]["idle"] is False
 
 
-def test_health_probes_are_logged_at_debug_only(spawn):
+def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     from tests.integration.server_process import free_port
 
     http = free_port()
-    quiet = spawn("--http-port", str(http))
+    quiet = spawn("--http-port", str(http), "--served-model-name", "celeris-tiny", "tiny")
     for _ in range(3):
         assert quiet.health() is not None
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=5) as r:
             assert r.status == 200
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/models", timeout=5) as r:
-        assert r.status == 200
+        assert [m["id"] for m in json.loads(r.read())["data"]] == ["celeris-tiny", "tiny"]
     time.sleep(0.3)  # let the last access lines reach the log
     recs = _log_records(quiet)
     http_paths = [r.get("path") for r in recs if r.get("event") == "http"]
