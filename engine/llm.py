@@ -251,6 +251,28 @@ class LLM:
         """Token ids of a prompt (text or ids) or chat, with the request limits applied."""
         return self._prompt_ids(self._offline_request(prompt, None, messages, ""))
 
+    async def encode_prompt_async(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
+        """`encode_prompt` in a worker thread (the HTTP /tokenize route)."""
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.encode_prompt, prompt, messages)
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus canvas: the most tokens one request can hold."""
+        return self.config.max_prompt_tokens + self.config.max_gen_length
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        """Text of token ids (special tokens skipped), at most `max_model_len` of them."""
+        if len(ids) > self.max_model_len:
+            raise InvalidRequest([FieldViolation("tokens", f"{len(ids)} tokens; the limit is {self.max_model_len}")])
+        bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+        if bad:
+            raise InvalidRequest([FieldViolation("tokens", f"ids must be in [0, {self.tokenizer.vocab_size}); "
+                                                           f"bad: {bad[:5]}")])
+        return self.tokenizer.decode(ids)
+
+    async def detokenize_async(self, ids: Seq[int]) -> str:
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.detokenize, ids)
+
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
                 messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
         """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""

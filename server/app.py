@@ -53,6 +53,7 @@ class ServerSettings:
     metrics_port: Optional[int] = None
     metrics_host: Optional[str] = None  # None: the gRPC host
     http_port: Optional[int] = None
+    allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
     warmup: bool = True
 

@@ -73,6 +73,9 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--served-model-name", dest="served_model_names", nargs="+", metavar="NAME", default=None,
                     help="the model name HTTP clients send and /v1/models lists, then aliases; other names get "
                          "404 model_not_found (default: the model's own name)")
+    ap.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=None,
+                    help="let web pages from these origins (https://app.example.com, or *) call the HTTP gateway "
+                         "(CORS); default: off, browsers on other origins are refused")
     ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
     ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
@@ -115,6 +118,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
+                              allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     asyncio.run(_serve(llm, settings, telemetry))

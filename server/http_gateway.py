@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP gateway and the web page, in the gRPC server's process and event loop.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health, and
-GET / (the web page, clients/web/index.html). Requests go to the same Scheduler as gRPC, so both
+GET / (the web page, clients/web/index.html); /tokenize, /detokenize, /version and CORS live in
+http_extras.py. Requests go to the same Scheduler as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
@@ -28,12 +29,13 @@ from engine.sequence import StepEvent
 from server import openai_api
 from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
 from server.guard import Guard
+from server.http_extras import Cors, TokenizerRoutes
 from server.lifecycle import Lifecycle, LiveRequest
 from server.openai_responses import Responder, sse
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = ("/", "/health")  # no token needed: the page asks for one, probes have none
+PUBLIC_PATHS = ("/", "/health", "/version")  # no token needed: the page asks for one, probes have none
 PROBE_PATHS = ("/health",)
 PARSE_OFF_LOOP = 64 << 10  # bodies larger than this are parsed in a worker thread
 
@@ -120,8 +122,12 @@ class HttpGateway:
     # ------------------------------------------------------------------ lifecycle
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._access_log, self._guard],
-                              client_max_size=self.settings.max_request_bytes)
+        cors = Cors(self.settings.allowed_origins)
+        middlewares = [self._access_log, *([cors.middleware] if cors.allowed else []), self._guard]
+        app = web.Application(middlewares=middlewares, client_max_size=self.settings.max_request_bytes)
+        if cors.allowed:
+            app.on_response_prepare.append(cors.on_prepare)
+        TokenizerRoutes(self).add_to(app)
         app.router.add_get("/", self.page)
         app.router.add_get("/health", self.healthz)
         app.router.add_get("/v1/models", self.models)
@@ -232,6 +238,10 @@ class HttpGateway:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.complete(request, chat=True)
+
+    async def read_json(self, request: web.Request) -> Any:
+        """The request's JSON body: JSON media types only, size-limited, big ones parsed off the loop."""
+        return await self._body(request)
 
     async def _body(self, request: web.Request) -> Any:
         if request.headers.get("Content-Type") is not None and not _json_media(request.content_type):

@@ -15,6 +15,7 @@ server/errors.py (`error_response` is its HTTP side).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence, Union
 
@@ -29,6 +30,9 @@ STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fiel
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "stop": None, "logprobs": None,
                "tools": None, "functions": None}
+
+
+SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
         x = body.get(name)
         if x is None:
             continue
+        if name == "seed" and isinstance(x, str) and SEED_TEXT.fullmatch(x):
+            x = int(x)  # seeds travel as strings too: JavaScript numbers lose digits past 2^53
         # Bounded before any arithmetic: a 400-digit integer must be a 400, not an OverflowError.
         if name in INTS:
             ok = isinstance(x, int) and -MAX_SEED - 1 <= x <= MAX_SEED
@@ -57,6 +63,7 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
             ok = isinstance(x, (int, float)) and abs(x) <= 1e300 and math.isfinite(x)
         if isinstance(x, bool) or not ok:
             what = "an integer in [-2^63, 2^63)" if name in INTS else "a finite number"
+            what += " (or a string of its digits)" if name == "seed" else ""
             v.append(FieldViolation(name, f"must be {what}, got {clip(x)}"))
         else:
             out[name] = x
@@ -76,6 +83,15 @@ def _unsupported(body: dict, v: list[FieldViolation]) -> None:
         x = body.get(name, default)
         if x != default and not (name == "logprobs" and x is False) and not (name == "stop" and x == []):
             v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
+
+
+TOKENIZE_FIELDS = ("model", "prompt", "messages", "return_token_strs", "add_special_tokens", "add_generation_prompt")
+
+
+def _unknown(body: dict, known: Sequence[str]) -> list[FieldViolation]:
+    return [FieldViolation(clip(k, 64) if not isinstance(k, str) or len(k) > 64 else k,
+                           "is not a field this server knows; unsupported fields are refused, never ignored")
+            for k in body if k not in known]
 
 
 def _prompt(body: dict, v: list[FieldViolation]) -> Union[str, list[int]]:
@@ -178,6 +194,53 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
                           length_param, model)
 
 
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """vLLM's /tokenize body: {"prompt": ...} or chat {"messages": [...]}."""
+
+    prompt: Optional[Union[str, list[int]]]
+    messages: Optional[list[dict]]
+    return_token_strs: bool
+
+
+def parse_tokenize(body: Any, models: Sequence[str] = ()) -> TokenizeRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequest([FieldViolation("body", "must be a JSON object")])
+    if models:
+        _model(body, models)
+    v: list[FieldViolation] = []
+    chat = "messages" in body
+    if chat == ("prompt" in body):
+        v.append(FieldViolation("prompt", "set one of prompt or messages"))
+    strs = body.get("return_token_strs", False)
+    if not isinstance(strs, (bool, type(None))):
+        v.append(FieldViolation("return_token_strs", f"must be a boolean, got {clip(strs)}"))
+    # Only what Generate would do with the same input: its special tokens and generation prompt.
+    for name, default in (("add_special_tokens", not chat), ("add_generation_prompt", True)):
+        if body.get(name, default) not in (default, None):
+            v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
+    v += _unknown(body, TOKENIZE_FIELDS)
+    messages = _messages(body, v) if chat else None
+    prompt = None if chat else _prompt(body, v)
+    if v:
+        raise InvalidRequest(v)
+    return TokenizeRequest(prompt, messages, bool(strs))
+
+
+def parse_detokenize(body: Any, models: Sequence[str] = ()) -> list[int]:
+    if not isinstance(body, dict):
+        raise InvalidRequest([FieldViolation("body", "must be a JSON object")])
+    if models:
+        _model(body, models)
+    v = _unknown(body, ("model", "tokens"))
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        v.append(FieldViolation("tokens", "must be a list of token ids"))
+    if v:
+        raise InvalidRequest(v)
+    return list(ids)
+
+
 def rename_fields(e: InvalidRequest, req: Optional[GatewayRequest]) -> InvalidRequest:
     """Engine field names -> the OpenAI parameter the client actually sent."""
     names = {"gen_length": req.length_param if req else "max_tokens", "token_ids": "prompt",
@@ -190,5 +253,6 @@ def error_response(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
     return to_openai(exc)
 
 
-__all__ = ["GatewayRequest", "parse_request", "model_not_found", "engine_request", "rename_fields", "fit_schedule", "error_body",
+__all__ = ["GatewayRequest", "TokenizeRequest", "parse_request", "parse_tokenize", "parse_detokenize",
+           "model_not_found", "engine_request", "rename_fields", "fit_schedule", "error_body",
            "error_response"]

@@ -27,6 +27,13 @@ def usage(ev: StepEvent) -> dict[str, Any]:
             "forward_passes": ev.forward_passes}
 
 
+def seed_text(seed: int) -> str:
+    """Seeds go out as decimal strings: they reach 2^63, and a JavaScript number (any JSON parser
+    that reads doubles) keeps 53 bits, so a seed shown by a web page would not reproduce the run.
+    Requests take a seed as a number or as such a string."""
+    return str(seed)
+
+
 def sse(data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
@@ -62,7 +69,8 @@ class Responder:
         """The non-streaming response."""
         text = self.tok.decode(ev.generated)
         body = self._envelope([self._choice(text, self._finish(ev), chunk=False)], chunk=False)
-        return body | {"usage": usage(ev), "celeris": {"seed": ev.seed, "steps": ev.steps, "kv_cache": ev.kv_cache}}
+        return body | {"usage": usage(ev), "celeris": {"seed": seed_text(ev.seed), "steps": ev.steps,
+                                                      "kv_cache": ev.kv_cache}}
 
     def _finish(self, ev: StepEvent) -> Optional[str]:
         return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
@@ -97,5 +105,5 @@ class Responder:
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
                  "committed": len(new), "done": ev.finished, "tokens": cells}
         if ev.finished:
-            extra |= {"seed": ev.seed, "kv_cache": ev.kv_cache}
+            extra |= {"seed": seed_text(ev.seed), "kv_cache": ev.kv_cache}
         return self._chunk(text, ev, extra)

@@ -109,3 +109,36 @@ def test_browser_shows_the_canvas_refining(live, browser):
     stats = browser.find_element("id", "final").text
     assert f"{tokens} tokens" in stats and "finished:" in stats and "seed 7" in stats
     assert browser.find_element("id", "step").text == f"{frames[-1]['step']}/16"
+
+
+def test_browser_reproduces_a_seed_past_2_53(live, browser):
+    """A seed JavaScript cannot hold as a number: the page sends and shows it as a string, and the
+    run matches the server's for that exact seed."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    seed = "9007199254740993"  # 2^53 + 1: as a JavaScript number it would become ...992
+    browser.get(live.http_url + "/")
+    WebDriverWait(browser, 30).until(lambda d: "model" in d.find_element("id", "model").text)
+    browser.find_element("xpath", "//input[@value='completion']/..").click()
+    fill(browser, "prompt", "It is a truth universally")
+    for field, value in (("max_tokens", "16"), ("steps", "8"), ("block_length", "8"), ("temperature", "1"),
+                         ("seed", seed)):
+        fill(browser, field, value)
+    browser.find_element("id", "go").click()
+    WebDriverWait(browser, 60).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                     in ("done", "error"))
+    assert browser.find_element("id", "error").text == ""
+    assert f"seed {seed}" in browser.find_element("id", "final").text
+    assert browser.execute_script("return window.celerisLastSeed") == seed
+    page_text = browser.execute_script("return window.celerisFrames[window.celerisFrames.length - 1].text")
+
+    def run(s) -> dict:
+        body = {"prompt": "It is a truth universally", "max_tokens": 16, "steps": 8, "block_length": 8,
+                "temperature": 1, "seed": s}
+        req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req).read())
+
+    exact = run(seed)
+    assert exact["celeris"]["seed"] == seed and exact["choices"][0]["text"] == page_text
+    assert run(int(seed))["choices"][0]["text"] == page_text  # a number in the request is the same seed

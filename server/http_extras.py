@@ -1,0 +1,114 @@
+"""The HTTP gateway's routes beyond generation, and CORS.
+
+- `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` or chat
+  `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
+  -> `{"prompt": "..."}`. The same size limits as generation (a prompt that Generate would refuse
+  untokenized is refused here too), tokenized off the event loop.
+- `GET /version`.
+- CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
+  origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
+  and its preflight `OPTIONS` answered; any other origin's preflight is refused with 403.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from aiohttp import web
+
+from engine.errors import InvalidRequest
+from server import openai_api
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ALLOW_METHODS = "GET, POST, OPTIONS"
+ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id, traceparent, tracestate"
+EXPOSE_HEADERS = "X-Request-Id, Retry-After"
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("celeris")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+def _error(exc: BaseException) -> web.Response:
+    status, body, headers = openai_api.error_response(exc)
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Cors:
+    """`allowed`: exact origins (scheme://host[:port]) or "*"; empty = CORS off."""
+
+    def __init__(self, allowed: Sequence[str]):
+        self.allowed = frozenset(o.rstrip("/") for o in allowed)
+
+    def allows(self, origin: Optional[str]) -> bool:
+        return bool(origin) and ("*" in self.allowed or origin in self.allowed)
+
+    def _allow_origin(self, origin: str) -> str:
+        return "*" if self.allowed == {"*"} else origin
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Preflights are answered here, before auth: a browser sends no credentials with them."""
+        origin = request.headers.get("Origin")
+        if request.method == "OPTIONS" and origin and "Access-Control-Request-Method" in request.headers:
+            if not self.allows(origin):
+                body = openai_api.error_body(f"origin {origin[:100]!r} is not allowed (--allowed-origins)",
+                                             "invalid_request_error", "Origin", "origin_not_allowed")
+                return web.json_response(body, status=403)
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Origin": self._allow_origin(origin),
+                "Access-Control-Allow-Methods": ALLOW_METHODS,
+                "Access-Control-Allow-Headers": ALLOW_HEADERS,
+                "Access-Control-Max-Age": "600",
+                "Vary": "Origin"})
+        return await handler(request)
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every response to an allowed origin, event streams included, carries the CORS headers
+        (aiohttp's on_response_prepare runs before the headers go out)."""
+        origin = request.headers.get("Origin")
+        if self.allows(origin):
+            response.headers["Access-Control-Allow-Origin"] = self._allow_origin(origin)
+            response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+            response.headers.add("Vary", "Origin")
+
+
+class TokenizerRoutes:
+    """`/tokenize`, `/detokenize`, `/version`; `gateway` is the HttpGateway (llm, body reader, names)."""
+
+    def __init__(self, gateway: Any):
+        self.gw = gateway
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/version", self.version)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        llm = self.gw.llm
+        try:
+            req = openai_api.parse_tokenize(await self.gw.read_json(request), self.gw.model_names)
+            if req.messages is not None:
+                ids = await llm.encode_prompt_async(messages=req.messages)
+            else:
+                ids = await llm.encode_prompt_async(req.prompt)
+        except InvalidRequest as e:
+            return _error(openai_api.rename_fields(e, None))
+        body = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
+                "token_strs": llm.tokenizer.tokens(ids) if req.return_token_strs else None}
+        return web.json_response(body)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            ids = openai_api.parse_detokenize(await self.gw.read_json(request), self.gw.model_names)
+            text = await self.gw.llm.detokenize_async(ids)
+        except InvalidRequest as e:
+            return _error(e)
+        return web.json_response({"prompt": text})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": version()})
