@@ -5,7 +5,9 @@ prompt plus SamplingParams. `max_tokens` is the canvas length (gen_length); when
 without the diffusion fields, block_length and steps are fitted to it so that a plain OpenAI
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
-remasking, and `diffusing` (stream snapshots); `top_k` / `top_p` as in vLLM.
+remasking, and `diffusing` (stream snapshots); `top_k` / `top_p` as in vLLM. OpenAI parameters
+this server cannot honour (penalties, logit_bias, response_format, tools, stop, n, logprobs,
+echo, ...) and unknown keys are a 400 naming the field unless they carry their neutral value.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -14,6 +16,7 @@ server/errors.py (`error_response` is its HTTP side).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -28,10 +31,22 @@ INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", 
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
 STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
-UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "stop": None, "logprobs": None,
-               "tools": None, "functions": None}
-
-
+# Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "stop": ([],), "logprobs": (False,),
+    "top_logprobs": (0,), "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
+    "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+}
+# Known fields that change nothing here: metadata, streaming options (usage always comes with the
+# last chunk), and tool settings that only matter with tools. `min_tokens` and `ignore_eos` are
+# accepted as before and not yet honoured.
+ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls", "min_tokens",
+            "ignore_eos")
+EXTENSIONS = ("steps", "block_length", "threshold", "factor", "factor_rule", "schedule", "eps", "kv_cache",
+              "cfg_scale", "remasking", "diffusing", "top_k")
+COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
+FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
 
 
@@ -78,11 +93,23 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
     return out
 
 
-def _unsupported(body: dict, v: list[FieldViolation]) -> None:
-    for name, default in UNSUPPORTED.items():
-        x = body.get(name, default)
-        if x != default and not (name == "logprobs" and x is False) and not (name == "stop" and x == []):
-            v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
+def _same(x: Any, neutral: Any) -> bool:
+    """x is the neutral value: 0.0 is 0, but False is not 0 and "1" is not 1."""
+    if isinstance(neutral, bool) or isinstance(x, bool):
+        return x is neutral
+    if isinstance(neutral, (int, float)):
+        return isinstance(x, (int, float)) and x == neutral
+    return type(x) is type(neutral) and x == neutral
+
+
+def _unsupported(body: dict, chat: bool, v: list[FieldViolation]) -> None:
+    """Unknown fields and OpenAI parameters asking for what this server cannot do, each named."""
+    v += _unknown(body, FIELDS[chat])
+    for name, neutral in UNSUPPORTED.items():
+        x = body.get(name)
+        if x is not None and not any(_same(x, n) for n in neutral):
+            shown = " or ".join(json.dumps(n) for n in neutral)
+            v.append(FieldViolation(name, f"is not supported by this server (only {shown}, or leave it out)"))
 
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "return_token_strs", "add_special_tokens", "add_generation_prompt")
@@ -174,7 +201,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     model = _model(body, models) if models else str(body.get("model") or "")
     v: list[FieldViolation] = []
     x = _typed(body, v)
-    _unsupported(body, v)
+    _unsupported(body, chat, v)
     messages = _messages(body, v) if chat else None
     prompt = "" if chat else _prompt(body, v)
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"

@@ -131,6 +131,26 @@ def test_400_names_the_parameter(live):
     assert resp.status == 400 and json.loads(resp.read())["error"]["param"] == "body"
 
 
+@pytest.mark.parametrize("kwargs, param", [
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"mirostat": 2}}, "mirostat"),  # an unknown key is named, never ignored
+])
+def test_unsupported_openai_fields_are_400_naming_the_field(live, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(live).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, **kwargs)
+    assert e.value.body["param"] == param and "not" in e.value.body["message"]
+
+
+def test_neutral_openai_fields_are_served(live):
+    r = oai(live).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, frequency_penalty=0,
+                                          presence_penalty=0, logit_bias={}, response_format={"type": "text"},
+                                          user="u-1", n=1)
+    assert r.choices[0].message.content is not None
+
+
 def test_401_without_the_token_health_and_page_exempt(tiny_llm):
     with live_server(tiny_llm, api_token="s3cret") as s:
         with pytest.raises(openai.AuthenticationError) as e:

@@ -112,3 +112,51 @@ def test_one_error_table_serves_both_doors():
              (RuntimeError("bug"), grpc.StatusCode.INTERNAL, 500)]
     for exc, code, http in cases:
         assert kind_of(exc).grpc == code and to_status(exc).code == code and to_openai(exc)[0] == http
+
+
+@pytest.mark.parametrize("body, chat, param", [
+    ({"prompt": "x", "frequency_penalty": 0.5}, False, "frequency_penalty"),
+    ({"prompt": "x", "presence_penalty": -1}, False, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, False, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"50256": -100}}, False, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, True,
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, True, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, True, "tools"),
+    ({"prompt": "x", "temprature": 0.5}, False, "temprature"),  # a typo is named, not ignored
+    ({"prompt": "x", "guided_json": {}}, False, "guided_json"),
+    ({"prompt": "x", "max_completion_tokens": 8}, False, "max_completion_tokens"),  # a chat field
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, True, "prompt"),
+    ({"prompt": "x", "frequency_penalty": False}, False, "frequency_penalty"),
+])
+def test_unsupported_and_unknown_fields_are_refused_by_name(body, chat, param):
+    with pytest.raises(InvalidRequest) as e:
+        parse(body, chat)
+    assert [v.field for v in e.value.violations] == [param]
+
+
+def test_every_bad_field_is_named_at_once():
+    with pytest.raises(InvalidRequest) as e:
+        parse({"prompt": "x", "presence_penalty": 1, "logit_bias": {"1": 2}, "bogus": 1})
+    assert {v.field for v in e.value.violations} == {"presence_penalty", "logit_bias", "bogus"}
+
+
+@pytest.mark.parametrize("extra", [
+    {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0},
+    {"logit_bias": {}},
+    {"logit_bias": None, "response_format": None, "stop": None, "n": None},
+    {"response_format": {"type": "text"}},
+    {"n": 1, "best_of": 1, "echo": False, "stop": [], "logprobs": False, "suffix": ""},
+    {"user": "u-1", "stream_options": {"include_usage": True}, "metadata": {"k": "v"}},
+    {"min_tokens": 4, "ignore_eos": True},  # accepted as before (not yet honoured)
+    {"top_k": -1, "top_p": 1.0},
+])
+def test_neutral_values_and_metadata_are_accepted(extra):
+    assert parse({"prompt": "x", **extra}).params.gen_length == D.gen_length
+
+
+def test_chat_accepts_its_neutral_tool_fields():
+    msgs = [{"role": "user", "content": "x"}]
+    r = parse({"messages": msgs, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
+               "top_logprobs": 0, "response_format": {"type": "text"}, "store": False}, chat=True)
+    assert r.chat and r.messages == msgs
