@@ -63,6 +63,16 @@ class BlockSequence(Sequence):
         remainder first); at most the masks left, which the sampler enforces."""
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]
 
+    @property
+    def total_steps(self) -> int:
+        """Forwards planned: the prefill chunks, each decoded block's steps (at most one per
+        position under a threshold), and a store forward between blocks."""
+        b = self.params.block_length
+        chunk = max(b, self.prefill_chunk // b * b)
+        prefill = -(-self.first_block * b // chunk)
+        per_block = b if self.params.adaptive else self.params.steps_per_block
+        return prefill + self.decode_blocks * per_block + self.decode_blocks - 1
+
     def generated(self) -> list[int]:
         out = self.canvas[:self.params.gen_length]
         return out[:stop_cut(out, self.stop_ids, self.mask_id)]
