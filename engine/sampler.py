@@ -170,7 +170,8 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     else:
         scores = pick
     if mask_id is not None:  # committing the mask token would leave the position masked forever
-        scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), NEG_INF)
+        scores = scores.clone()  # (no host tensor here: this runs inside CUDA-graph capture)
+        scores[..., mask_id] = NEG_INF
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
     conf = confidences(logits, x0, remask, u_random, conf_dtype)
