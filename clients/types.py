@@ -29,9 +29,9 @@ FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_P
 SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
-                "eps", "top_k", "top_p")
+                "eps", "top_k", "top_p", "ignore_eos", "min_tokens")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
-KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS)
+KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids")
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,8 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     for name in SCALAR_KNOBS:
         if knobs.get(name) is not None:
             setattr(req, name, knobs[name])
+    if knobs.get("stop_token_ids"):
+        req.stop_token_ids.extend(knobs["stop_token_ids"])
     for name, table in ENUM_KNOBS.items():
         value = knobs.get(name)
         if value is not None:

@@ -241,13 +241,19 @@ class LLM:
         if params.seed is None:
             params = params.with_seed(secrets.randbits(63))
         rid = request_id or uuid.uuid4().hex
+        stop_ids = self._stop_ids(params)
         if self.model.cfg.family == "block":
             self._check_block_params(params)
             return BlockSequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id,
-                                 stop_ids=self.tokenizer.stop_ids, prefill_chunk=self.config.prefill_chunk)
+                                 stop_ids=stop_ids, prefill_chunk=self.config.prefill_chunk)
         if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
             params = replace(params, kv_cache=self.config.kv_cache)
-        return Sequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id, stop_ids=self.tokenizer.stop_ids)
+        return Sequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id, stop_ids=stop_ids)
+
+    def _stop_ids(self, p: SamplingParams) -> frozenset[int]:
+        """The request's stop set: EOS and end-of-turn (unless ignore_eos), plus its own ids."""
+        self.tokenizer.check_ids(list(p.stop_token_ids), "stop_token_ids")
+        return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.tokenizer.stop_ids)
 
     @property
     def kv_cache(self) -> str:

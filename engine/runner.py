@@ -60,8 +60,18 @@ class Bucket:
     sampling: bool  # any temperature > 0
     any_random: bool  # any random remasking
     filtered: bool = False  # any top-k / top-p
+    banning: bool = False  # any min_tokens (its ban list is not a graph input: eager)
     padded: bool = True  # some row is shorter than L (else attention runs without a mask)
     fresh: int = 0  # fresh width of a cached step: the block (dual) or block-to-end (prefix)
+
+
+def stop_ban(seqs: Seq[Sequence], B: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, S) padded with `vocab`, min_tokens (B,)): what `select_tokens` must not draw early."""
+    width = max(1, max(len(s.stop_ids) for s in seqs))
+    ids = [sorted(s.stop_ids) + [vocab] * (width - len(s.stop_ids)) for s in seqs]
+    ids += [[vocab] * width] * (B - len(seqs))
+    before = [s.params.min_tokens for s in seqs] + [0] * (B - len(seqs))
+    return torch.tensor(ids, device=device), torch.tensor(before, device=device)
 
 
 class Runner:
@@ -147,6 +157,7 @@ class Runner:
         bucket = Bucket(B, L, W, any(s.params.temperature > 0 for s in seqs),
                         any(s.params.remasking == "random" for s in seqs),
                         filtered=any(s.params.top_k > 0 or s.params.top_p < 1 for s in seqs),
+                        banning=any(s.params.min_tokens > 0 for s in seqs),
                         padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
         # The array each published loop ranks with torch.topk: (its length, the window's offset).
         if mode.startswith("cached-prefix"):
@@ -187,17 +198,19 @@ class Runner:
 
     def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor,
                  spans: list[tuple[int, int]]):
-        if mode == "full" and self.use_graphs:
+        if mode == "full" and self.use_graphs and not b.banning:
             return (*self._replay(b, ints, floats), True)
+        ban = stop_ban(group, b.B, self.model.cfg.vocab_size, self.device) if b.banning else None
         scale = None
         if mode == "cfg":
             scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
-        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans), False)
+        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans, ban=ban), False)
 
     # ------------------------------------------------------------------ device side
 
     def _compute(self, b: Bucket, ints: torch.Tensor, floats: torch.Tensor, mode: str = "full",
                  cfg_scale: torch.Tensor | None = None, spans: list[tuple[int, int]] | None = None,
+                 ban: tuple[torch.Tensor, torch.Tensor] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward + selection + write-back for one bucket. Fixed shapes; no host sync unless
         `spans` asks for the published tie order (the eager path)."""
@@ -232,7 +245,8 @@ class Runner:
             pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
             factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream,
             mask_id=self.mask_id, top_k=ints[TOP_K] if b.filtered else None,
-            top_p=floats[TOP_P] if b.filtered else None)
+            top_p=floats[TOP_P] if b.filtered else None,
+            ban=None if ban is None else (*ban, ints[BLOCK_START][:, None] + w[None, :]))
         if spans is not None and self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
             commit = topk_commit(conf, candidate, n_commit.tolist(), floats[THRESHOLD].tolist(), spans)
         new = torch.where(commit, x0, tokens)

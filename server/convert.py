@@ -88,8 +88,11 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
     """The knobs a request sets over the defaults, with steps and block length fitted to a
     gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
     given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
-                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p")
+                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p",
+                                                   "ignore_eos", "min_tokens")
              if req.HasField(name)}
+    if req.stop_token_ids:
+        given["stop_token_ids"] = tuple(req.stop_token_ids)
     enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
              "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
              "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),

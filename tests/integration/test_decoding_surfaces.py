@@ -70,3 +70,20 @@ def test_http_and_the_python_client_take_the_knobs_and_report_the_cache(tiny_llm
                              seed=4, kv_cache="dual")
             assert res.text == expected.text and res.kv_cache == "dual"
             assert c.model_info().defaults.gen_length == tiny_llm.defaults.gen_length
+
+
+async def test_grpc_stop_options_reach_the_engine():
+    from engine.llm import LLM
+
+    llm = LLM.load()  # the embedded model ends its answers with EOS
+    base = dict(prompt="37+45=", gen_length=8, steps=8, block_length=8, seed=0)
+    async with running_server(llm) as (_, stub, _):
+        plain = (await collect(stub.Generate(pb.GenerateRequest(**base))))[-1]
+        ignored = (await collect(stub.Generate(pb.GenerateRequest(**base, ignore_eos=True))))[-1]
+        stop_id = ignored.tokens[1].id
+        cut = (await collect(stub.Generate(pb.GenerateRequest(**base, ignore_eos=True, stop_token_ids=[stop_id]))))[-1]
+        late = (await collect(stub.Generate(pb.GenerateRequest(**base, min_tokens=4))))[-1]
+    assert plain.finish_reason == pb.FINISH_REASON_STOP and ignored.finish_reason == pb.FINISH_REASON_LENGTH
+    assert ignored.usage.generated_tokens == 8
+    assert cut.finish_reason == pb.FINISH_REASON_STOP and cut.usage.generated_tokens == 1
+    assert late.usage.generated_tokens >= 4
