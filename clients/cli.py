@@ -45,6 +45,7 @@ KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("top_p", float, "nucleus: draw among the most likely tokens up to this mass"),
               ("stop_token_ids", _ids, "comma-separated token ids that end the output like EOS"),
               ("min_tokens", int, "no stop token in the first N positions"),
+              ("logprobs", int, "report each token's log-probability and N alternatives (--json)"),
               ("cfg_scale", float, "classifier-free guidance scale"),
               ("seed", int, "random seed (default: the server picks and reports one)"))
 

@@ -27,8 +27,8 @@ from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
 from engine.cache import BlockKVStore
 from engine.config import EngineConfig
 from engine.model import KVCache, MaskPredictor
-from engine.runner import RowResult, StepStats, stop_ban
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, topk_commit
+from engine.runner import RowResult, StepStats, row_logprobs, stop_ban
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
 
 
 class BlockRunner:
@@ -155,8 +155,11 @@ class BlockRunner:
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
         commit_h, new_h, conf_h = commit.cpu(), new.cpu(), conf.float().cpu()
+        top = max((q.logprobs for q in p if q.logprobs is not None), default=-1)
+        extra = None if top < 0 else tuple(None if t is None else t.cpu() for t in token_logprobs(logits, new, top))
         out = []
         for r in range(B):
             pos = commit_h[r].nonzero().flatten()
-            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist()))
+            lps = row_logprobs(extra, r, pos) if p[r].logprobs is not None else ()
+            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps))
         return out

@@ -93,7 +93,8 @@ class BlockSequence(Sequence):
 
     # ------------------------------------------------------------------ progress
 
-    def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
+    def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+              logprobs: tuple = ()) -> StepEvent:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
         relative to the block's first column)."""
         start, end = self.window
@@ -110,6 +111,7 @@ class BlockSequence(Sequence):
             for pos, tok in zip(positions, tokens):
                 self.canvas[start + pos - P] = tok
                 committed.append(start + pos - P)
+            self.token_logprobs.update(zip(committed, logprobs))
             self.step_in_block += 1
             if self.mask_id not in self.canvas[max(start - P, 0):end - P]:
                 block_done = True

@@ -58,6 +58,7 @@ class Result:
     finish_reason: FinishReason
     seed: int
     prompt_tokens: int
+    logprobs: tuple = ()  # with params.logprobs: (logprob, ((id, logprob), ...)) per generated token
 
 
 def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingParams:
@@ -275,8 +276,9 @@ class LLM:
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()
+        lps = tuple(seq.token_logprobs.get(i, (0.0, ())) for i in range(len(ids))) if seq.token_logprobs else ()
         return Result(seq.request_id, self.tokenizer.decode(ids), ids, seq.nfe,
-                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt))
+                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt), lps)
 
     # ------------------------------------------------------------------ offline
 

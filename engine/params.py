@@ -31,6 +31,7 @@ dual (only the block recomputed)."""
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_IDS = 64
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end the output like EOS
     ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
     min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
+    logprobs: Optional[int] = None  # report each committed token's log-probability (+ this many alternatives)
     cfg_scale: float = 0.0
     seed: Optional[int] = None  # None: the engine picks one and reports it
     stop_at_eos: bool = True
@@ -125,6 +127,9 @@ class SamplingParams:
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or \
                 not 0 <= self.min_tokens <= max(self.gen_length, 0):
             bad("min_tokens", f"must be an integer in [0, gen_length={self.gen_length}], got {self.min_tokens!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:

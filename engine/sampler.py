@@ -203,6 +203,19 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     return x0, commit, conf, n_commit
 
 
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """log p(token) under the model's distribution at this step (raw logits: no temperature or
+    filtering), float32, and the `top` most likely alternatives. (B, W, V), (B, W) ->
+    (B, W), (B, W, top) values and ids (None when top == 0)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    chosen = torch.gather(logp, -1, tokens[..., None]).squeeze(-1)
+    if top <= 0:
+        return chosen, None, None
+    values, ids = logp.topk(top, dim=-1)
+    return chosen, values, ids
+
+
 def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int], threshold: Seq[float],
                 spans: Seq[tuple[int, int]]) -> torch.Tensor:
     """The committed positions as the published loops choose them: `torch.topk` over the very

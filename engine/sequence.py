@@ -64,6 +64,10 @@ class StepEvent:
     block_complete: bool = False
     ticket: int = 0  # which submission this is (request ids can be reused once one ends)
     kv_cache: str = "none"  # what the request decodes over: none, prefix, dual (approximate) or exact
+    # With params.logprobs: (logprob, ((id, logprob), ...)) of each committed position, taken at the
+    # step it was committed; `logprobs` covers every generated position, on the last event only.
+    committed_logprobs: tuple = ()
+    logprobs: tuple = ()
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Sequence:
     finish_reason: Optional[FinishReason] = None
     slot: int = -1  # runner row, assigned by the scheduler
     ticket: int = field(default_factory=lambda: next(_tickets))  # unique per object: ids may be reused
+    token_logprobs: dict = field(default_factory=dict)  # canvas position -> (logprob, top alternatives)
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -142,21 +147,26 @@ class Sequence:
         block = self.block if block is None else block
         canvas, num_blocks, settled = self._view(block, block_complete)
         generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)]
+        lp = self.token_logprobs
+        committed_lp = tuple(lp[c] for c in committed if c in lp) if lp else ()
+        all_lp = tuple(lp.get(i, (0.0, ())) for i in range(len(generated))) if lp and self.finished else ()
         return StepEvent(
             request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
             num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,
             generated=generated, visible=stop_cut(canvas, self.stop_ids), settled=settled, steps=self.nfe,
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
-            ticket=self.ticket, kv_cache=self.kv_cache)
+            ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp)
 
-    def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
+    def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+              logprobs: tuple = ()) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""
         p = self.params
         committed = []
         for pos, tok in zip(positions, tokens):
             committed.append(self.block_start + pos)
             self.canvas[self.block_start + pos] = tok
+        self.token_logprobs.update(zip(committed, logprobs))
         self.nfe += 1
         self.step_in_block += 1
         if p.adaptive:  # threshold / factor: a block ends when no mask is left in it

@@ -46,9 +46,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise ModelLoadError(f"--model: {e}") from None
     res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
     if a.json:
-        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
-                          "finish_reason": res.finish_reason.value, "seed": res.seed,
-                          "kv_cache": llm.kv_cache}))
+        out = {"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
+               "finish_reason": res.finish_reason.value, "seed": res.seed, "kv_cache": llm.kv_cache}
+        if res.logprobs:
+            out["logprobs"] = [{"logprob": lp, "top": [[i, v] for i, v in top]} for lp, top in res.logprobs]
+        print(json.dumps(out))
     else:
         print(res.text)
     return 0

@@ -31,12 +31,14 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
                    help="comma-separated token ids that end the output like EOS")
     g.add_argument("--ignore-eos", action="store_const", const=True, help="EOS and end-of-turn do not stop")
     g.add_argument("--min-tokens", type=int, help="no stop token in the first N positions")
+    g.add_argument("--logprobs", type=int, help="with --json: each token's log-probability and N alternatives")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale")
     g.add_argument("--seed", type=int, help="random seed (default: chosen and reported)")
 
 
 SAMPLING_FIELDS = ("gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor",
                    "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens",
+                   "logprobs",
                    "cfg_scale", "seed")
 
 

@@ -89,7 +89,7 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
     gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
     given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
                                                    "factor", "cfg_scale", "seed", "eps", "top_k", "top_p",
-                                                   "ignore_eos", "min_tokens")
+                                                   "ignore_eos", "min_tokens", "logprobs")
              if req.HasField(name)}
     if req.stop_token_ids:
         given["stop_token_ids"] = tuple(req.stop_token_ids)
@@ -125,13 +125,16 @@ def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.G
         committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished)
 
 
-def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float) -> pb.GenerateResponse:
+def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer) -> pb.GenerateResponse:
     msg.finish_reason = FINISH_TO_PB[ev.finish_reason or FinishReason.LENGTH]
     msg.seed = ev.seed
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
                                 forward_passes=ev.forward_passes))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
     msg.kv_cache = KV_CACHE_TO_PB[ev.kv_cache]
+    for token, (lp, top) in zip(msg.tokens, ev.logprobs):  # with logprobs: every generated token
+        token.logprob = lp
+        token.top_logprobs.extend(pb.TokenLogprob(id=i, text=tok.token_text(i), logprob=v) for i, v in top)
     return msg
 
 

@@ -87,3 +87,18 @@ async def test_grpc_stop_options_reach_the_engine():
     assert ignored.usage.generated_tokens == 8
     assert cut.finish_reason == pb.FINISH_REASON_STOP and cut.usage.generated_tokens == 1
     assert late.usage.generated_tokens >= 4
+
+
+async def test_grpc_logprobs_on_the_last_message(tiny_llm):
+    expected = tiny_llm.generate_one(PROMPT, SamplingParams(gen_length=16, steps=8, block_length=8, seed=1,
+                                                            logprobs=2))
+    req = pb.GenerateRequest(prompt=PROMPT, gen_length=16, steps=8, block_length=8, seed=1, logprobs=2)
+    async with running_server(tiny_llm) as (_, stub, _):
+        msgs = await collect(stub.Generate(req))
+    last = msgs[-1]
+    n = last.usage.generated_tokens
+    assert n == len(expected.token_ids)
+    assert [round(t.logprob, 4) for t in last.tokens[:n]] == [round(lp, 4) for lp, _ in expected.logprobs]
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+               for t in last.tokens[:n])
+    assert not any(t.HasField("logprob") for m in msgs[:-1] for t in m.tokens)
