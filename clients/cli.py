@@ -70,10 +70,12 @@ def add_knob_args(ap: argparse.ArgumentParser, title: str = "sampling (unset: th
         g.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     g.add_argument("--ignore-eos", dest="ignore_eos", action="store_const", const=True, default=None,
                    help="EOS and end-of-turn do not stop the output")
+    g.add_argument("--stop", dest="stop", action="append", default=None,
+                   help="a string that ends the output (repeat for several)")
 
 
 def knobs_from_args(a: argparse.Namespace) -> dict[str, Any]:
-    names = [name for name, _, _ in KNOB_FLAGS] + ["ignore_eos"]
+    names = [name for name, _, _ in KNOB_FLAGS] + ["ignore_eos", "stop"]
     return {name: getattr(a, name) for name in names if getattr(a, name, None) is not None}
 
 

@@ -31,7 +31,7 @@ SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
                 "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
-KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids")
+KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,8 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
             setattr(req, name, knobs[name])
     if knobs.get("stop_token_ids"):
         req.stop_token_ids.extend(knobs["stop_token_ids"])
+    if knobs.get("stop"):  # one string or a list of them, as OpenAI's `stop`
+        req.stop.extend([knobs["stop"]] if isinstance(knobs["stop"], str) else knobs["stop"])
     for name, table in ENUM_KNOBS.items():
         value = knobs.get(name)
         if value is not None:

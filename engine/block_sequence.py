@@ -75,7 +75,7 @@ class BlockSequence(Sequence):
 
     def generated(self) -> list[int]:
         out = self.canvas[:self.params.gen_length]
-        return out[:stop_cut(out, self.stop_ids, self.mask_id)]
+        return out[:stop_cut(out, self.stop_ids, self.mask_id)][:self.stop_len]
 
     @property
     def kv_cache(self) -> str:
@@ -124,11 +124,9 @@ class BlockSequence(Sequence):
         """After the block ending at canvas index `end`: stop (the published rule: a stop id
         anywhere in what is generated), end at the last block, or store it and go on."""
         G = self.params.gen_length
-        if self.params.stop_at_eos and any(t in self.stop_ids for t in self.canvas[:min(end, G)]):
-            eos = min(self.stop_ids)
-            self.canvas[end:] = [eos] * (len(self.canvas) - end)
-            self.finish_reason = FinishReason.STOP
-        elif end >= G:  # the last block: it holds the output's end
+        if self.stops_within(min(end, G)):  # the stop is looked for in the output (the first G) only
+            return
+        if end >= G:  # the last block: it holds the output's end
             self.finish_reason = FinishReason.LENGTH
         else:
             self.phase = STORE

@@ -31,6 +31,7 @@ dual (only the block recomputed)."""
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_IDS = 64
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20
 
 
@@ -49,6 +50,7 @@ class SamplingParams:
     kv_cache: Optional[str] = None  # see KV_CACHE_MODES; None: the engine's default
     top_k: int = 0  # draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all
     top_p: float = 1.0  # nucleus: draw among the most likely tokens up to this mass; 1: all
+    stop: tuple[str, ...] = ()  # strings that end the output: its text is cut where the first begins
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end the output like EOS
     ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
     min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
@@ -118,6 +120,9 @@ class SamplingParams:
             bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {self.top_k!r}")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.stop, tuple) or len(self.stop) > MAX_STOPS or any(
+                not isinstance(x, str) or not 1 <= len(x) <= MAX_STOP_CHARS for x in self.stop):
+            bad("stop", f"must be at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or len(ids) > MAX_STOP_IDS or any(
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):

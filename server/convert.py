@@ -93,6 +93,8 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
              if req.HasField(name)}
     if req.stop_token_ids:
         given["stop_token_ids"] = tuple(req.stop_token_ids)
+    if req.stop:
+        given["stop"] = tuple(req.stop)
     enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
              "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
              "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),
@@ -121,7 +123,8 @@ def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.G
     positions = sorted(committed)
     return pb.GenerateResponse(
         request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
-        num_blocks=ev.num_blocks, text=tok.render(ev.canvas[:ev.visible]), tokens=tokens,
+        num_blocks=ev.num_blocks, tokens=tokens,
+        text=tok.decode_cut(ev.generated, ev.stop_text) if ev.stop_text else tok.render(ev.canvas[:ev.visible]),
         committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished)
 
 

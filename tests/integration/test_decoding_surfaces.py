@@ -102,3 +102,16 @@ async def test_grpc_logprobs_on_the_last_message(tiny_llm):
     assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
                for t in last.tokens[:n])
     assert not any(t.HasField("logprob") for m in msgs[:-1] for t in m.tokens)
+
+
+async def test_grpc_stop_strings_cut_the_final_text():
+    from engine.llm import LLM
+
+    llm = LLM.load()
+    base = dict(prompt="It is a truth universally", gen_length=32, steps=32, block_length=8, seed=0)
+    async with running_server(llm) as (_, stub, _):
+        full = (await collect(stub.Generate(pb.GenerateRequest(**base))))[-1]
+        stop = full.text[14:18]
+        cut = (await collect(stub.Generate(pb.GenerateRequest(**base, stop=[stop]))))[-1]
+    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == pb.FINISH_REASON_STOP
+    assert cut.usage.forward_passes < full.usage.forward_passes

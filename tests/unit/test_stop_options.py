@@ -52,3 +52,31 @@ def test_min_tokens_keeps_stop_tokens_out_of_the_first_positions(tiny):
 def test_bad_stop_options_are_refused(tiny, kw, field):
     with pytest.raises(InvalidRequest, match=field):
         tiny.sequence([5, 6], SamplingParams(gen_length=8, steps=8, block_length=8, **kw))
+
+
+PROSE = "It is a truth universally"
+
+
+def test_stop_strings_cut_the_text_where_they_begin_and_end_the_request_early(tiny):
+    params = dict(gen_length=32, steps=32, block_length=8, seed=0)
+    full = tiny.generate_one(PROSE, SamplingParams(**params))
+    stop = full.text[14:18]  # a string inside the output, likely across token boundaries
+    cut = tiny.generate_one(PROSE, SamplingParams(**params, stop=(stop, "never in the text")))
+    assert cut.text == full.text[:full.text.find(stop)]
+    assert cut.finish_reason.value == "stop" and cut.steps < full.steps  # the next blocks never ran
+    ids = cut.token_ids
+    assert stop in tiny.tokenizer.decode(ids) and stop not in tiny.tokenizer.decode(ids[:-1])  # through its last token
+    assert ids == full.token_ids[:len(ids)]
+
+
+def test_a_stop_string_absent_from_the_output_changes_nothing(tiny):
+    params = dict(gen_length=16, steps=16, block_length=8, seed=0)
+    a = tiny.generate_one(PROSE, SamplingParams(**params, stop=("\x00",)))
+    b = tiny.generate_one(PROSE, SamplingParams(**params))
+    assert (a.text, a.token_ids, a.steps, a.finish_reason) == (b.text, b.token_ids, b.steps, b.finish_reason)
+
+
+@pytest.mark.parametrize("stop", [("",), ("x" * 257,), tuple("abcdefghijklmnopq")])
+def test_bad_stop_strings_are_refused(stop):
+    with pytest.raises(InvalidRequest, match="stop"):
+        SamplingParams(stop=stop).validate()

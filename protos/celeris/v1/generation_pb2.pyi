@@ -105,7 +105,7 @@ class StreamOptions(_message.Message):
     def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs")
+    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     token_ids: TokenIds
@@ -154,7 +155,8 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     min_tokens: int
     logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("id", "text", "logprob")
