@@ -255,7 +255,7 @@ class HttpGateway:
             except EngineError as e:
                 life.fail(e)
                 return error_json(e)
-            responder = Responder(chat, stream.request_id, self.llm.name, self.llm.tokenizer)
+            responder = Responder(chat, stream.request_id, self.llm.name, self.llm.tokenizer, req.params.stop)
             if req.stream:
                 return await self._stream(request, responder, req.diffusing, life)
             last: Optional[StepEvent] = None

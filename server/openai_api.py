@@ -5,7 +5,8 @@ prompt plus SamplingParams. `max_tokens` is the canvas length (gen_length); when
 without the diffusion fields, block_length and steps are fitted to it so that a plain OpenAI
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
-remasking, and `diffusing` (stream snapshots); `top_k` / `top_p` as in vLLM.
+remasking, and `diffusing` (stream snapshots); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
+`ignore_eos` as in vLLM; `stop` and `logprobs` / `top_logprobs` as OpenAI.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -23,11 +24,12 @@ from engine.llm import Request
 from engine.params import MAX_SEED, SamplingParams, fit_lengths
 from server.errors import error_body, to_openai
 
-INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k")
+INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k",
+        "min_tokens", "top_logprobs")
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
 STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
-UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "stop": None, "logprobs": None,
+UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None,
                "tools": None, "functions": None}
 
 
@@ -59,9 +61,25 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
             v.append(FieldViolation(name, f"must be {what}, got {clip(x)}"))
         else:
             out[name] = x
-    for name in ("stream", "diffusing"):
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        out["stop"] = (stop,)
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        if stop:
+            out["stop"] = tuple(stop)
+    elif stop is not None:
+        v.append(FieldViolation("stop", f"must be a string or a list of strings, got {clip(stop)}"))
+    ids = body.get("stop_token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids):
+        if ids:
+            out["stop_token_ids"] = tuple(ids)
+    elif ids is not None:
+        v.append(FieldViolation("stop_token_ids", f"must be a list of token ids, got {clip(ids)}"))
+    for name in ("stream", "diffusing", "ignore_eos"):
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
+        elif name == "ignore_eos" and name in body:
+            out[name] = body[name]
     for name in STRINGS:
         if name in body and not isinstance(body[name], str):
             v.append(FieldViolation(name, f"must be a string, got {clip(body[name])}"))
@@ -73,7 +91,7 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
 def _unsupported(body: dict, v: list[FieldViolation]) -> None:
     for name, default in UNSUPPORTED.items():
         x = body.get(name, default)
-        if x != default and not (name == "logprobs" and x is False) and not (name == "stop" and x == []):
+        if x != default:
             v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
 
 
@@ -130,6 +148,25 @@ def engine_request(req: GatewayRequest, request_id: str) -> Request:
     return Request(token_ids=req.prompt, params=req.params, request_id=request_id)
 
 
+def _logprobs(body: dict, chat: bool, x: dict, v: list[FieldViolation]) -> Optional[int]:
+    """OpenAI's two spellings: completions `logprobs: N` (alternatives), chat `logprobs: true`
+    with `top_logprobs: N`. None: not asked."""
+    lp = body.get("logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            v.append(FieldViolation("logprobs", f"must be a boolean, got {clip(lp)}"))
+            return None
+        if "top_logprobs" in x and not lp:
+            v.append(FieldViolation("top_logprobs", "needs logprobs: true"))
+        return x.get("top_logprobs", 0) if lp else None
+    if lp is None or lp is False:
+        return None
+    if isinstance(lp, bool) or not isinstance(lp, int):
+        v.append(FieldViolation("logprobs", f"must be an integer (alternatives per token), got {clip(lp)}"))
+        return None
+    return lp
+
+
 def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayRequest:
     """Read a request body; raise InvalidRequest naming every bad OpenAI parameter."""
     if not isinstance(body, dict):
@@ -145,8 +182,13 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
     if v:
         raise InvalidRequest(v)
     names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
-             "top_p", *STRINGS)
+             "top_p", "stop", "stop_token_ids", "min_tokens", "ignore_eos", *STRINGS)
     given = {k: x[k] for k in names if k in x}
+    logprobs = _logprobs(body, chat, x, v)
+    if v:
+        raise InvalidRequest(v)
+    if logprobs is not None:
+        given["logprobs"] = logprobs
     if length_param in x:
         given["gen_length"] = x[length_param]
     if given.get("top_k") == -1:  # vLLM's spelling of "off"

@@ -59,7 +59,11 @@ def test_chat_messages_and_max_completion_tokens():
     ({"prompt": "x", "max_tokens": "many"}, False, "max_tokens"),
     ({"prompt": "x", "temperature": True}, False, "temperature"),
     ({"prompt": "x", "n": 2}, False, "n"),
-    ({"prompt": "x", "stop": ["\n"]}, False, "stop"),
+    ({"prompt": "x", "stop": [1]}, False, "stop"),
+    ({"prompt": "x", "stop_token_ids": "2"}, False, "stop_token_ids"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, True, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, True, "top_logprobs"),
+    ({"prompt": "x", "logprobs": "yes"}, False, "logprobs"),
     ({"prompt": ["a", "b"]}, False, "prompt"),
     ({"prompt": "x", "diffusing": True}, False, "diffusing"),
     ({"messages": []}, True, "messages"),
@@ -68,6 +72,17 @@ def test_bad_fields_are_named(body, chat, param):
     with pytest.raises(InvalidRequest) as e:
         parse(body, chat)
     assert e.value.violations[0].field == param
+
+
+def test_stop_and_logprobs_map_onto_the_engine():
+    p = parse({"prompt": "x", "stop": "\n", "stop_token_ids": [7], "min_tokens": 2, "ignore_eos": True,
+               "logprobs": 3}).params
+    assert (p.stop, p.stop_token_ids, p.min_tokens, p.ignore_eos, p.logprobs) == (("\n",), (7,), 2, True, 3)
+    assert parse({"prompt": "x", "stop": ["a", "b"], "logprobs": 0}).params.stop == ("a", "b")
+    assert parse({"prompt": "x", "stop": None, "logprobs": None}).params == D
+    chat = parse({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2}, chat=True)
+    assert chat.params.logprobs == 2
+    assert parse({"messages": [{"role": "user", "content": "x"}], "logprobs": False}, chat=True).params.logprobs is None
 
 
 def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):

@@ -1,0 +1,62 @@
+"""The official `openai` SDK against a real server: stop strings, stop ids, logprobs."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from engine.llm import LLM
+from tests.integration.live_server import live_server
+
+PROSE = "It is a truth universally"
+
+
+@pytest.fixture(scope="module")
+def live():
+    with live_server(LLM.load()) as s:  # the embedded model: real text, real EOS
+        yield s
+
+
+def client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_stop_strings_cut_completions_streamed_or_not(live):
+    c = client(live)
+    full = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0).choices[0].text
+    stop = full[14:18]
+    cut = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0, stop=[stop, "zzzz"])
+    assert cut.choices[0].text == full[:full.find(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0, stop=stop, stream=True))
+    assert streamed == cut.choices[0].text  # nothing past the stop was ever sent
+
+
+def test_chat_stop_and_vllm_stop_token_ids(live):
+    c = client(live)
+    msgs = [{"role": "user", "content": "Tell me about Emma."}]
+    full = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1)
+    text = full.choices[0].message.content
+    assert text, "the model answered"
+    cut = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1, stop=text[3:6])
+    assert cut.choices[0].message.content == text[:text.find(text[3:6])]
+    eos_off = c.completions.create(model="celeris-tiny", prompt="37+45=", max_tokens=8, seed=0,
+                                   extra_body={"ignore_eos": True})
+    assert eos_off.choices[0].finish_reason == "length" and eos_off.usage.completion_tokens == 8
+
+
+def test_logprobs_completions_and_chat(live):
+    c = client(live)
+    r = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, seed=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 16
+    assert "".join(lp.tokens).strip() and all(x <= 0 for x in lp.token_logprobs)
+    assert all(len(alts) == 2 for alts in lp.top_logprobs) and lp.text_offset[0] == 0
+    chat = c.chat.completions.create(model="celeris-tiny", messages=[{"role": "user", "content": "Hi"}],
+                                     max_tokens=8, seed=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content).startswith(chat.choices[0].message.content[:1])
+    none = c.chat.completions.create(model="celeris-tiny", messages=[{"role": "user", "content": "Hi"}],
+                                     max_tokens=8, seed=0)
+    assert none.choices[0].logprobs is None
