@@ -29,19 +29,28 @@ INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", 
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
 STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
-UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None,
+UNSUPPORTED = {"best_of": 1, "suffix": None,
                "tools": None, "functions": None}
+
+
+MAX_CHOICES = 16  # prompts x n in one HTTP request: each is its own engine request
 
 
 @dataclass(frozen=True)
 class GatewayRequest:
     chat: bool
-    prompt: Union[str, list[int]]  # ignored for chat
+    prompts: list[Union[str, list[int]]]  # completions: one or several; ignored for chat
     messages: Optional[list[dict]]
     params: SamplingParams
     stream: bool
     diffusing: bool
     length_param: str  # the name the client used for the length (for error messages)
+    n: int = 1  # samples of each prompt, batched in the same steps with seeds seed, seed+1, ...
+    echo: bool = False  # completions: the prompt's text before each choice's text
+
+    @property
+    def prompt(self) -> Union[str, list[int]]:
+        return self.prompts[0] if self.prompts else ""
 
 
 def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
@@ -95,16 +104,22 @@ def _unsupported(body: dict, v: list[FieldViolation]) -> None:
             v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
 
 
-def _prompt(body: dict, v: list[FieldViolation]) -> Union[str, list[int]]:
+def _ids(p: Any) -> bool:
+    return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def _prompts(body: dict, v: list[FieldViolation]) -> list[Union[str, list[int]]]:
+    """OpenAI's prompt: a string, token ids, or a list of either (several prompts)."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # a batch of one
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return list(p)
-    v.append(FieldViolation("prompt", "must be a string or a list of token ids (one prompt per request)"))
-    return ""
+    if isinstance(p, str) or (_ids(p) and p):
+        return [p]
+    if isinstance(p, list) and p and all(isinstance(x, str) or (_ids(x) and x) for x in p):
+        if len(p) <= MAX_CHOICES:
+            return list(p)
+        v.append(FieldViolation("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(p)}"))
+        return []
+    v.append(FieldViolation("prompt", "must be a string, a list of token ids, or a list of those"))
+    return []
 
 
 def _content(content: Any) -> Any:
@@ -141,11 +156,27 @@ def fit_schedule(gen_length: int, d: SamplingParams, block: Optional[int] = None
 
 
 def engine_request(req: GatewayRequest, request_id: str) -> Request:
-    if req.chat:
-        return Request(messages=req.messages, params=req.params, request_id=request_id)
-    if isinstance(req.prompt, str):
-        return Request(prompt=req.prompt, params=req.params, request_id=request_id)
-    return Request(token_ids=req.prompt, params=req.params, request_id=request_id)
+    return engine_requests(req, request_id)[0]
+
+
+def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
+    """One engine request per choice, prompt-major (choice index = prompt index * n + sample):
+    samples of a prompt get seeds seed, seed+1, ... (the engine picks and reports them when
+    unset); ids get a -k suffix when a client id covers several choices."""
+    out = []
+    for i, prompt in enumerate(req.prompts):
+        for j in range(req.n):
+            k = i * req.n + j
+            params = req.params if req.params.seed is None or j == 0 else \
+                replace(req.params, seed=(req.params.seed + j) % (MAX_SEED + 1))
+            rid = f"{request_id}-{k}" if request_id and len(req.prompts) * req.n > 1 else request_id
+            if req.chat:
+                out.append(Request(messages=req.messages, params=params, request_id=rid))
+            elif isinstance(prompt, str):
+                out.append(Request(prompt=prompt, params=params, request_id=rid))
+            else:
+                out.append(Request(token_ids=prompt, params=params, request_id=rid))
+    return out
 
 
 def _logprobs(body: dict, chat: bool, x: dict, v: list[FieldViolation]) -> Optional[int]:
@@ -175,7 +206,17 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
     x = _typed(body, v)
     _unsupported(body, v)
     messages = _messages(body, v) if chat else None
-    prompt = "" if chat else _prompt(body, v)
+    prompts = [""] if chat else _prompts(body, v)
+    n = x.get("n", 1)
+    if not 1 <= n <= MAX_CHOICES or len(prompts) * n > MAX_CHOICES:
+        v.append(FieldViolation("n", f"prompts x n must be in [1, {MAX_CHOICES}], got {len(prompts)} x {n}"))
+    echo = body.get("echo", False)
+    if chat and "echo" in body:
+        v.append(FieldViolation("echo", "is a completions field"))
+    elif not isinstance(echo, bool):
+        v.append(FieldViolation("echo", f"must be a boolean, got {clip(echo)}"))
+    elif echo and body.get("logprobs") not in (None, False):
+        v.append(FieldViolation("echo", "with logprobs is not supported (prompt tokens have none here)"))
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"
     if body.get("diffusing") and not body.get("stream"):
         v.append(FieldViolation("diffusing", "needs stream: true"))
@@ -194,8 +235,8 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool) -> GatewayReq
     if given.get("top_k") == -1:  # vLLM's spelling of "off"
         given["top_k"] = 0
     params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
-    return GatewayRequest(chat, prompt, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
-                          length_param)
+    return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
+                          length_param, n, bool(echo))
 
 
 def rename_fields(e: InvalidRequest, req: Optional[GatewayRequest]) -> InvalidRequest:

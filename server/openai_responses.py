@@ -27,6 +27,21 @@ def usage(ev: StepEvent) -> dict[str, Any]:
             "forward_passes": ev.forward_passes}
 
 
+def merge_finals(bodies: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """One response of several choices (prompts x n): their choices in order, usage summed
+    (each prompt's tokens counted once, as OpenAI does for n > 1), `celeris` per choice."""
+    if len(bodies) == 1:
+        return bodies[0]
+    body = dict(bodies[0])
+    body["choices"] = [b["choices"][0] for b in bodies]
+    prompt = sum(b["usage"]["prompt_tokens"] for b in bodies[::n])
+    completion = sum(b["usage"]["completion_tokens"] for b in bodies)
+    body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                     "forward_passes": sum(b["usage"]["forward_passes"] for b in bodies)}
+    body["celeris"] = {"choices": [b["celeris"] for b in bodies]}
+    return body
+
+
 def sse(data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
@@ -35,8 +50,10 @@ def sse(data: Any) -> bytes:
 class Responder:
     """Builds the bodies of one request: ids, model name and creation time are shared by all."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = ()):
+    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = (),
+                 index: int = 0, echo: str = ""):
         self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
+        self.index, self.echo = index, echo  # the choice this responder builds; completions' echoed prompt
         # Plain streaming holds back this many trailing characters until the end: a stop string
         # may span two blocks, and text already sent cannot be taken back.
         self.hold = max((len(x) for x in stops), default=1) - 1
@@ -51,15 +68,15 @@ class Responder:
 
     def _choice(self, text: str, finish: Optional[str], chunk: bool, logprobs: Optional[dict] = None) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         if not chunk:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            return {"index": self.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": finish}
         delta: dict[str, Any] = {"content": text}
         if self.first:
             delta["role"] = "assistant"
             self.first = False
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def logprobs(self, ev: StepEvent) -> Optional[dict]:
         """OpenAI's logprobs object for the generated tokens (each taken at its commit step)."""
@@ -81,7 +98,7 @@ class Responder:
 
     def final(self, ev: StepEvent) -> dict[str, Any]:
         """The non-streaming response."""
-        text = self.tok.decode_cut(ev.generated, ev.stop_text)
+        text = self.echo + self.tok.decode_cut(ev.generated, ev.stop_text)
         body = self._envelope([self._choice(text, self._finish(ev), chunk=False, logprobs=self.logprobs(ev))],
                               chunk=False)
         return body | {"usage": usage(ev), "celeris": {"seed": ev.seed, "steps": ev.steps, "kv_cache": ev.kv_cache}}
@@ -103,9 +120,9 @@ class Responder:
         if not (ev.block_complete or ev.finished):
             return None
         if ev.finished:
-            text = self.tok.decode_cut(ev.generated, ev.stop_text)
+            text = self.echo + self.tok.decode_cut(ev.generated, ev.stop_text)
         else:
-            text = self.tok.decode(ev.generated[:ev.settled])
+            text = self.echo + self.tok.decode(ev.generated[:ev.settled])
             text = text[:len(text) - self.hold] if self.hold else text
         # A prefix can decode differently once more bytes follow (a split UTF-8 character): hold it back.
         if not text.startswith(self.sent) or (text.endswith("\ufffd") and not ev.finished):
@@ -119,7 +136,8 @@ class Responder:
         cells = [{"text": self.tok.token_text(t), "new": i in new,
                   "state": "masked" if t == mask else "stop" if i >= first_stop else "token"}
                  for i, t in enumerate(ev.canvas)]
-        text = self.tok.decode_cut(ev.generated, ev.stop_text) if ev.finished else self.tok.render(ev.canvas[:first_stop])
+        text = self.echo + (self.tok.decode_cut(ev.generated, ev.stop_text) if ev.finished
+                            else self.tok.render(ev.canvas[:first_stop]))
         extra = {"replace": True, "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
                  "committed": len(new), "done": ev.finished, "tokens": cells}

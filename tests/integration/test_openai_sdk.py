@@ -60,3 +60,34 @@ def test_logprobs_completions_and_chat(live):
     none = c.chat.completions.create(model="celeris-tiny", messages=[{"role": "user", "content": "Hi"}],
                                      max_tokens=8, seed=0)
     assert none.choices[0].logprobs is None
+
+
+def test_n_samples_are_batched_with_their_own_seeds(live):
+    c = client(live)
+    r = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, n=3, temperature=1.0, seed=7)
+    texts = [ch.text for ch in r.choices]
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and len(set(texts)) > 1  # seeds 7, 8, 9
+    again = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, temperature=1.0, seed=8)
+    assert again.choices[0].text == texts[1]  # sample j is the request with seed + j
+    assert r.usage.completion_tokens >= len(texts) and r.usage.prompt_tokens == again.usage.prompt_tokens
+    chat = c.chat.completions.create(model="celeris-tiny", messages=[{"role": "user", "content": "Hi"}],
+                                     max_tokens=8, n=2, temperature=1.0, seed=1)
+    assert [ch.index for ch in chat.choices] == [0, 1]
+    chunks = list(c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, n=2, stream=True,
+                                       temperature=1.0, seed=7))
+    streamed = {i: "".join(ch.choices[0].text for ch in chunks if ch.choices[0].index == i) for i in (0, 1)}
+    assert streamed == {0: texts[0], 1: texts[1]}
+
+
+def test_list_prompts_and_echo(live):
+    c = client(live)
+    prompts = [PROSE, "Emma Woodhouse, handsome,"]
+    r = c.completions.create(model="celeris-tiny", prompt=prompts, max_tokens=16, seed=0)
+    solo = [c.completions.create(model="celeris-tiny", prompt=p, max_tokens=16, seed=0).choices[0].text
+            for p in prompts]
+    assert [ch.text for ch in r.choices] == solo
+    echoed = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, seed=0, echo=True)
+    assert echoed.choices[0].text == PROSE + solo[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, n=17)
+    assert "n" in str(e.value)

@@ -58,13 +58,17 @@ def test_chat_messages_and_max_completion_tokens():
 @pytest.mark.parametrize("body, chat, param", [
     ({"prompt": "x", "max_tokens": "many"}, False, "max_tokens"),
     ({"prompt": "x", "temperature": True}, False, "temperature"),
-    ({"prompt": "x", "n": 2}, False, "n"),
+    ({"prompt": "x", "n": 17}, False, "n"),
+    ({"prompt": ["a"] * 9, "n": 2}, False, "n"),
+    ({"prompt": "x", "echo": 1}, False, "echo"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, False, "echo"),
     ({"prompt": "x", "stop": [1]}, False, "stop"),
     ({"prompt": "x", "stop_token_ids": "2"}, False, "stop_token_ids"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, True, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, True, "top_logprobs"),
     ({"prompt": "x", "logprobs": "yes"}, False, "logprobs"),
-    ({"prompt": ["a", "b"]}, False, "prompt"),
+    ({"prompt": ["a", 5]}, False, "prompt"),
+    ({"prompt": []}, False, "prompt"),
     ({"prompt": "x", "diffusing": True}, False, "diffusing"),
     ({"messages": []}, True, "messages"),
 ])
@@ -72,6 +76,18 @@ def test_bad_fields_are_named(body, chat, param):
     with pytest.raises(InvalidRequest) as e:
         parse(body, chat)
     assert e.value.violations[0].field == param
+
+
+def test_several_prompts_and_n_become_one_engine_request_per_choice():
+    from server.openai_api import engine_requests
+
+    r = parse({"prompt": ["a", [5, 6]], "n": 2, "seed": 10})
+    reqs = engine_requests(r, "req")
+    assert [q.request_id for q in reqs] == ["req-0", "req-1", "req-2", "req-3"]
+    assert [q.params.seed for q in reqs] == [10, 11, 10, 11]
+    assert (reqs[0].prompt, reqs[2].token_ids) == ("a", [5, 6])
+    assert [q.request_id for q in engine_requests(parse({"prompt": "a"}), "one")] == ["one"]
+    assert all(q.params.seed is None for q in engine_requests(parse({"prompt": "a", "n": 3}), ""))
 
 
 def test_stop_and_logprobs_map_onto_the_engine():
