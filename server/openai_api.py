@@ -144,7 +144,8 @@ def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
             out.append({"role": None, "content": None})
             continue
         content = m.get("content")
-        out.append({"role": m.get("role"), "content": "" if content is None else _content(content)})
+        role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for it
+        out.append({"role": role, "content": "" if content is None else _content(content)})
     return out
 
 

@@ -90,6 +90,12 @@ def test_several_prompts_and_n_become_one_engine_request_per_choice():
     assert all(q.params.seed is None for q in engine_requests(parse({"prompt": "a", "n": 3}), ""))
 
 
+def test_the_developer_role_is_the_system_role():
+    r = parse({"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}]},
+              chat=True)
+    assert [m["role"] for m in r.messages] == ["system", "user"]
+
+
 def test_stop_and_logprobs_map_onto_the_engine():
     p = parse({"prompt": "x", "stop": "\n", "stop_token_ids": [7], "min_tokens": 2, "ignore_eos": True,
                "logprobs": 3}).params
