@@ -26,6 +26,10 @@ from clients.errors import CelerisError, RetryPolicy
 from clients.types import REMASKING
 from clients.view import LiveView, snapshot_json
 
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(i) for i in text.split(",") if i.strip())
+
+
 KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("steps", int, "denoising steps over the whole canvas"),
               ("block_length", int, "semi-autoregressive block length; must divide --gen-length"),
@@ -39,6 +43,9 @@ KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("kv_cache", str, "none, prefix or dual (Fast-dLLM's approximate caches; full-canvas models)"),
               ("top_k", int, "draw only among the k most likely tokens"),
               ("top_p", float, "nucleus: draw among the most likely tokens up to this mass"),
+              ("stop_token_ids", _ids, "comma-separated token ids that end the output like EOS"),
+              ("min_tokens", int, "no stop token in the first N positions"),
+              ("logprobs", int, "report each token's log-probability and N alternatives (--json)"),
               ("cfg_scale", float, "classifier-free guidance scale"),
               ("seed", int, "random seed (default: the server picks and reports one)"))
 
@@ -61,10 +68,15 @@ def add_knob_args(ap: argparse.ArgumentParser, title: str = "sampling (unset: th
     g = ap.add_argument_group(title)
     for name, typ, help_ in KNOB_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
+    g.add_argument("--ignore-eos", dest="ignore_eos", action="store_const", const=True, default=None,
+                   help="EOS and end-of-turn do not stop the output")
+    g.add_argument("--stop", dest="stop", action="append", default=None,
+                   help="a string that ends the output (repeat for several)")
 
 
 def knobs_from_args(a: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(a, name) for name, _, _ in KNOB_FLAGS if getattr(a, name) is not None}
+    names = [name for name, _, _ in KNOB_FLAGS] + ["ignore_eos", "stop"]
+    return {name: getattr(a, name) for name in names if getattr(a, name, None) is not None}
 
 
 def client_kwargs(a: argparse.Namespace) -> dict[str, Any]:

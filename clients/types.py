@@ -29,9 +29,9 @@ FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_P
 SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
-                "eps", "top_k", "top_p")
+                "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
-KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS)
+KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Token:
     masked: bool
     committed_this_step: bool
     confidence: float  # meaningful only when committed_this_step
+    logprob: Optional[float] = None  # with logprobs=N: at the step it was committed (last snapshot)
+    top_logprobs: tuple[tuple[int, str, float], ...] = ()  # (id, text, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ class Snapshot:
         return cls(
             request_id=m.request_id, step=m.step, total_steps=m.total_steps, block_index=m.block_index,
             num_blocks=m.num_blocks, text=m.text,
-            tokens=tuple(Token(t.id, t.text, t.masked, t.committed_this_step, t.confidence) for t in m.tokens),
+            tokens=tuple(Token(t.id, t.text, t.masked, t.committed_this_step, t.confidence,
+                               t.logprob if t.HasField("logprob") else None,
+                               tuple((a.id, a.text, a.logprob) for a in t.top_logprobs)) for t in m.tokens),
             committed_positions=tuple(m.committed_positions),
             committed_confidences=tuple(m.committed_confidences), done=m.done,
             finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
@@ -180,6 +184,10 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     for name in SCALAR_KNOBS:
         if knobs.get(name) is not None:
             setattr(req, name, knobs[name])
+    if knobs.get("stop_token_ids"):
+        req.stop_token_ids.extend(knobs["stop_token_ids"])
+    if knobs.get("stop"):  # one string or a list of them, as OpenAI's `stop`
+        req.stop.extend([knobs["stop"]] if isinstance(knobs["stop"], str) else knobs["stop"])
     for name, table in ENUM_KNOBS.items():
         value = knobs.get(name)
         if value is not None:

@@ -27,8 +27,8 @@ from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
 from engine.cache import BlockKVStore
 from engine.config import EngineConfig
 from engine.model import KVCache, MaskPredictor
-from engine.runner import RowResult, StepStats
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, topk_commit
+from engine.runner import RowResult, StepStats, row_logprobs, stop_ban
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
 
 
 class BlockRunner:
@@ -114,6 +114,13 @@ class BlockRunner:
         t = lambda x: torch.tensor(x, device=self.device)  # noqa: E731
         self.kv.write_columns(t(slot_idx), t(col_idx), t(row_idx), t(w_idx), kvs)
 
+    def _ban(self, rows: list[BlockSequence], start: torch.Tensor, Wq: int):
+        if not any(s.params.min_tokens > 0 for s in rows):
+            return None
+        prompt = torch.tensor([len(s.prompt) for s in rows], device=self.device)
+        canvas_pos = start[:, None] + torch.arange(Wq, device=self.device)[None, :] - prompt[:, None]
+        return (*stop_ban(rows, len(rows), self.model.cfg.vocab_size, self.device), canvas_pos)
+
     def _filters(self, p) -> dict:
         if not any(q.top_k > 0 or q.top_p < 1 for q in p):
             return {}
@@ -139,7 +146,7 @@ class BlockRunner:
             sampling=any(q.temperature > 0 for q in p), any_random=any(q.remasking == "random" for q in p),
             factor_rule=ints([FACTOR_RULE_CODE[q.factor_rule] for q in p]), conf_dtype=torch.float32,
             x0_from_probs=True, block_threshold=True, mask_id=self.mask_id,
-            **self._filters(p))
+            ban=self._ban(rows, start, Wq), **self._filters(p))
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             commit = topk_commit(conf, candidate, n_commit.tolist(), [0.0] * B,
                                  [(s.params.block_length, 0) for s in rows])
@@ -148,8 +155,11 @@ class BlockRunner:
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
         commit_h, new_h, conf_h = commit.cpu(), new.cpu(), conf.float().cpu()
+        top = max((q.logprobs for q in p if q.logprobs is not None), default=-1)
+        extra = None if top < 0 else tuple(None if t is None else t.cpu() for t in token_logprobs(logits, new, top))
         out = []
         for r in range(B):
             pos = commit_h[r].nonzero().flatten()
-            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist()))
+            lps = row_logprobs(extra, r, pos) if p[r].logprobs is not None else ()
+            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps))
         return out

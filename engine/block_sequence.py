@@ -63,9 +63,19 @@ class BlockSequence(Sequence):
         remainder first); at most the masks left, which the sampler enforces."""
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]
 
+    @property
+    def total_steps(self) -> int:
+        """Forwards planned: the prefill chunks, each decoded block's steps (at most one per
+        position under a threshold), and a store forward between blocks."""
+        b = self.params.block_length
+        chunk = max(b, self.prefill_chunk // b * b)
+        prefill = -(-self.first_block * b // chunk)
+        per_block = b if self.params.adaptive else self.params.steps_per_block
+        return prefill + self.decode_blocks * per_block + self.decode_blocks - 1
+
     def generated(self) -> list[int]:
         out = self.canvas[:self.params.gen_length]
-        return out[:stop_cut(out, self.stop_ids, self.mask_id)]
+        return out[:stop_cut(out, self.stop_ids, self.mask_id)][:self.stop_len]
 
     @property
     def kv_cache(self) -> str:
@@ -83,7 +93,8 @@ class BlockSequence(Sequence):
 
     # ------------------------------------------------------------------ progress
 
-    def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
+    def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+              logprobs: tuple = ()) -> StepEvent:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
         relative to the block's first column)."""
         start, end = self.window
@@ -100,6 +111,7 @@ class BlockSequence(Sequence):
             for pos, tok in zip(positions, tokens):
                 self.canvas[start + pos - P] = tok
                 committed.append(start + pos - P)
+            self.token_logprobs.update(zip(committed, logprobs))
             self.step_in_block += 1
             if self.mask_id not in self.canvas[max(start - P, 0):end - P]:
                 block_done = True
@@ -112,11 +124,9 @@ class BlockSequence(Sequence):
         """After the block ending at canvas index `end`: stop (the published rule: a stop id
         anywhere in what is generated), end at the last block, or store it and go on."""
         G = self.params.gen_length
-        if self.params.stop_at_eos and any(t in self.stop_ids for t in self.canvas[:min(end, G)]):
-            eos = min(self.stop_ids)
-            self.canvas[end:] = [eos] * (len(self.canvas) - end)
-            self.finish_reason = FinishReason.STOP
-        elif end >= G:  # the last block: it holds the output's end
+        if self.stops_within(min(end, G)):  # the stop is looked for in the output (the first G) only
+            return
+        if end >= G:  # the last block: it holds the output's end
             self.finish_reason = FinishReason.LENGTH
         else:
             self.phase = STORE

@@ -87,6 +87,7 @@ class Result:
     finish_reason: FinishReason
     seed: int
     prompt_tokens: int
+    logprobs: tuple = ()  # with params.logprobs: (logprob, ((id, logprob), ...)) per generated token
 
 
 def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingParams:
@@ -293,13 +294,19 @@ class LLM:
         if params.seed is None:
             params = params.with_seed(secrets.randbits(63))
         rid = request_id or uuid.uuid4().hex
+        stops = dict(stop_ids=self._stop_ids(params), mask_id=self.tokenizer.mask_id,
+                     find_stop_text=self.tokenizer.stop_finder(params.stop) if params.stop else None)
         if self.model.cfg.family == "block":
             self._check_block_params(params)
-            return BlockSequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id,
-                                 stop_ids=self.tokenizer.stop_ids, prefill_chunk=self.config.prefill_chunk)
+            return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk, **stops)
         if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
             params = replace(params, kv_cache=self.config.kv_cache)
-        return Sequence(rid, prompt_ids, params, mask_id=self.tokenizer.mask_id, stop_ids=self.tokenizer.stop_ids)
+        return Sequence(rid, prompt_ids, params, **stops)
+
+    def _stop_ids(self, p: SamplingParams) -> frozenset[int]:
+        """The request's stop set: EOS and end-of-turn (unless ignore_eos), plus its own ids."""
+        self.tokenizer.check_ids(list(p.stop_token_ids), "stop_token_ids")
+        return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.tokenizer.stop_ids)
 
     @property
     def kv_cache(self) -> str:
@@ -321,8 +328,9 @@ class LLM:
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()
-        return Result(seq.request_id, self.tokenizer.decode(ids), ids, seq.nfe,
-                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt))
+        lps = tuple(seq.token_logprobs.get(i, (0.0, ())) for i in range(len(ids))) if seq.token_logprobs else ()
+        return Result(seq.request_id, self.tokenizer.decode_cut(ids, seq.stop_text), ids, seq.nfe,
+                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt), lps)
 
     # ------------------------------------------------------------------ offline
 

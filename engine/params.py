@@ -30,6 +30,9 @@ KV_CACHE_MODES = ("none", "prefix", "dual")
 dual (only the block recomputed)."""
 
 MAX_SEED = 2**63 - 1
+MAX_STOP_IDS = 64
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ class SamplingParams:
     kv_cache: Optional[str] = None  # see KV_CACHE_MODES; None: the engine's default
     top_k: int = 0  # draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all
     top_p: float = 1.0  # nucleus: draw among the most likely tokens up to this mass; 1: all
+    stop: tuple[str, ...] = ()  # strings that end the output: its text is cut where the first begins
+    stop_token_ids: tuple[int, ...] = ()  # extra ids that end the output like EOS
+    ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
+    min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
+    logprobs: Optional[int] = None  # report each committed token's log-probability (+ this many alternatives)
     cfg_scale: float = 0.0
     seed: Optional[int] = None  # None: the engine picks one and reports it
     stop_at_eos: bool = True
@@ -112,6 +120,21 @@ class SamplingParams:
             bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {self.top_k!r}")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.stop, tuple) or len(self.stop) > MAX_STOPS or any(
+                not isinstance(x, str) or not 1 <= len(x) <= MAX_STOP_CHARS for x in self.stop):
+            bad("stop", f"must be at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
+        ids = self.stop_token_ids
+        if not isinstance(ids, tuple) or len(ids) > MAX_STOP_IDS or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            bad("stop_token_ids", f"must be at most {MAX_STOP_IDS} token ids >= 0")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or \
+                not 0 <= self.min_tokens <= max(self.gen_length, 0):
+            bad("min_tokens", f"must be an integer in [0, gen_length={self.gen_length}], got {self.min_tokens!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:

@@ -23,7 +23,7 @@ from engine.cache import KVCacheStore
 from engine.config import EngineConfig
 from engine.model import MaskPredictor
 from engine.params import KV_CACHE_MODES
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, topk_commit
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
 from engine.sequence import Sequence
 
 # Rows of the packed integer input.
@@ -33,11 +33,25 @@ TEMPERATURE, THRESHOLD, FACTOR, TOP_P = range(4)  # rows of the packed float inp
 
 @dataclass(frozen=True)
 class RowResult:
-    """What one request got from one step: block-relative positions, tokens, confidences."""
+    """What one request got from one step: block-relative positions, tokens, confidences, and
+    (when asked) each token's log-probability with its top alternatives ((id, logprob), ...)."""
 
     positions: list[int]
     tokens: list[int]
     confidences: list[float]
+    logprobs: tuple = ()  # per position: (logprob, ((id, logprob), ...))
+
+
+def row_logprobs(extra, r: int, pos: torch.Tensor) -> tuple:
+    """The RowResult.logprobs of row r's committed positions from `token_logprobs` outputs (host)."""
+    if extra is None:
+        return ()
+    chosen, values, ids = extra
+    lp = chosen[r, pos].tolist()
+    if values is None:
+        return tuple((x, ()) for x in lp)
+    v, i = values[r, pos].tolist(), ids[r, pos].tolist()
+    return tuple((x, tuple(zip(ii, vv))) for x, ii, vv in zip(lp, i, v))
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,19 @@ class Bucket:
     sampling: bool  # any temperature > 0
     any_random: bool  # any random remasking
     filtered: bool = False  # any top-k / top-p
+    banning: bool = False  # any min_tokens (its ban list is not a graph input: eager)
+    logprobs: int = -1  # most alternatives any row asks for; -1: no row wants logprobs (eager when >= 0)
     padded: bool = True  # some row is shorter than L (else attention runs without a mask)
     fresh: int = 0  # fresh width of a cached step: the block (dual) or block-to-end (prefix)
+
+
+def stop_ban(seqs: Seq[Sequence], B: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, S) padded with `vocab`, min_tokens (B,)): what `select_tokens` must not draw early."""
+    width = max(1, max(len(s.stop_ids) for s in seqs))
+    ids = [sorted(s.stop_ids) + [vocab] * (width - len(s.stop_ids)) for s in seqs]
+    ids += [[vocab] * width] * (B - len(seqs))
+    before = [s.params.min_tokens for s in seqs] + [0] * (B - len(seqs))
+    return torch.tensor(ids, device=device), torch.tensor(before, device=device)
 
 
 class Runner:
@@ -147,6 +172,8 @@ class Runner:
         bucket = Bucket(B, L, W, any(s.params.temperature > 0 for s in seqs),
                         any(s.params.remasking == "random" for s in seqs),
                         filtered=any(s.params.top_k > 0 or s.params.top_p < 1 for s in seqs),
+                        banning=any(s.params.min_tokens > 0 for s in seqs),
+                        logprobs=max((s.params.logprobs for s in seqs if s.params.logprobs is not None), default=-1),
                         padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
         # The array each published loop ranks with torch.topk: (its length, the window's offset).
         if mode.startswith("cached-prefix"):
@@ -172,12 +199,14 @@ class Runner:
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
             bucket, ints, floats, spans = self._pack(group, mode, [plans[i][1] for i in members])
-            commit, new, conf, graphed_now = self._execute(mode, group, bucket, ints, floats, spans)
+            commit, new, conf, extra, graphed_now = self._execute(mode, group, bucket, ints, floats, spans)
             # The one host synchronisation of the step (per group).
             commit_h, new_h, conf_h = commit[:len(group)].cpu(), new[:len(group)].cpu(), conf[:len(group)].float().cpu()
+            extra = None if extra is None else tuple(None if t is None else t.cpu() for t in extra)
             for r, i in enumerate(members):
                 pos = commit_h[r].nonzero().flatten()
-                results[i] = RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist())
+                lps = row_logprobs(extra, r, pos) if group[r].params.logprobs is not None else ()
+                results[i] = RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps)
             committed += int(commit_h.sum())
             graphed |= graphed_now
             biggest = bucket if biggest is None or bucket.B * bucket.L > biggest.B * biggest.L else biggest
@@ -187,20 +216,22 @@ class Runner:
 
     def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor,
                  spans: list[tuple[int, int]]):
-        if mode == "full" and self.use_graphs:
+        if mode == "full" and self.use_graphs and not b.banning and b.logprobs < 0:
             return (*self._replay(b, ints, floats), True)
+        ban = stop_ban(group, b.B, self.model.cfg.vocab_size, self.device) if b.banning else None
         scale = None
         if mode == "cfg":
             scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
-        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans), False)
+        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans, ban=ban), False)
 
     # ------------------------------------------------------------------ device side
 
     def _compute(self, b: Bucket, ints: torch.Tensor, floats: torch.Tensor, mode: str = "full",
                  cfg_scale: torch.Tensor | None = None, spans: list[tuple[int, int]] | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Forward + selection + write-back for one bucket. Fixed shapes; no host sync unless
-        `spans` asks for the published tie order (the eager path)."""
+                 ban: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Forward + selection + write-back for one bucket -> (commit, new tokens, confidences,
+        `token_logprobs` outputs or None). Fixed shapes; no host sync unless `spans` asks for
+        the published tie order (the eager path)."""
         B, L, W = b.B, b.L, b.W
         idx = ints[IDX]
         ids = self.canvas[idx, self.max_len - L:]  # (B, L) left-padded batch
@@ -232,7 +263,8 @@ class Runner:
             pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
             factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream,
             mask_id=self.mask_id, top_k=ints[TOP_K] if b.filtered else None,
-            top_p=floats[TOP_P] if b.filtered else None)
+            top_p=floats[TOP_P] if b.filtered else None,
+            ban=None if ban is None else (*ban, ints[BLOCK_START][:, None] + w[None, :]))
         if spans is not None and self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
             commit = topk_commit(conf, candidate, n_commit.tolist(), floats[THRESHOLD].tolist(), spans)
         new = torch.where(commit, x0, tokens)
@@ -241,7 +273,8 @@ class Runner:
         scratch = torch.cat([ids, ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)
         ids = scratch.scatter(1, start[:, None] + w[None, :], torch.where(in_block, new, tokens))[:, :L]
         self.canvas[idx, self.max_len - L:] = ids
-        return commit, new, conf
+        extra = token_logprobs(logits, new, b.logprobs) if b.logprobs >= 0 else None
+        return commit, new, conf, extra
 
     def _cached_logits(self, ids, idx, valid, start, positions, fresh: int, W: int, lead: bool) -> torch.Tensor:
         """Recompute only the fresh columns — the block (dual) or block to end (prefix) — over

@@ -141,6 +141,7 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
                   factor_rule: Optional[torch.Tensor] = None, conf_dtype: torch.dtype = torch.float64,
                   x0_from_probs: bool = False, block_threshold: bool = False, mask_id: Optional[int] = None,
                   top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
+                  ban: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One denoising selection over a window of each row (usually its current block).
 
@@ -156,6 +157,8 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     candidate token (a random or undertrained model may rank it first; published loops would
     commit it and keep the position masked, or loop forever under a threshold). top_k / top_p
     (B,) restrict each row's drawn token (`filter_logits`); None when no row asks (skips work).
+    ban = (ids (B, S) padded with V, before (B,), canvas positions (B, W)): a row's ids are never
+    drawn at canvas positions < before (min_tokens: no stop token early).
     Returns the candidate tokens x0 (B, W), committed mask (B, W), the confidences (B, W) and
     how many tokens each row commits (B,).
     """
@@ -170,7 +173,13 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     else:
         scores = pick
     if mask_id is not None:  # committing the mask token would leave the position masked forever
-        scores = scores.index_fill(-1, torch.tensor([mask_id], device=scores.device), NEG_INF)
+        scores = scores.clone()  # (no host tensor here: this runs inside CUDA-graph capture)
+        scores[..., mask_id] = NEG_INF
+    if ban is not None:
+        ids, before, canvas_pos = ban
+        vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=ids.device).scatter_(1, ids, True)[:, :V]  # (B, V)
+        early = canvas_pos < before[:, None]  # (B, W)
+        scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
     conf = confidences(logits, x0, remask, u_random, conf_dtype)
@@ -192,6 +201,19 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     n_commit = torch.minimum(n_commit, n_cand)
     commit = (ranks < n_commit[:, None]) & candidate
     return x0, commit, conf, n_commit
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """log p(token) under the model's distribution at this step (raw logits: no temperature or
+    filtering), float32, and the `top` most likely alternatives. (B, W, V), (B, W) ->
+    (B, W), (B, W, top) values and ids (None when top == 0)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    chosen = torch.gather(logp, -1, tokens[..., None]).squeeze(-1)
+    if top <= 0:
+        return chosen, None, None
+    values, ids = logp.topk(top, dim=-1)
+    return chosen, values, ids
 
 
 def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int], threshold: Seq[float],

@@ -98,7 +98,7 @@ class StepLoop:
         batch = list(self.running)
         started = time.time()
         results, stats = self.runner.step(batch)
-        events = [seq.apply(r.positions, r.tokens, r.confidences) for seq, r in zip(batch, results)]
+        events = [seq.apply(r.positions, r.tokens, r.confidences, r.logprobs) for seq, r in zip(batch, results)]
         for seq in batch:
             if seq.finished:
                 self._release(seq)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from engine.params import SamplingParams
 from engine.sampler import dream_transfer_count, transfer_schedule
@@ -64,6 +64,11 @@ class StepEvent:
     block_complete: bool = False
     ticket: int = 0  # which submission this is (request ids can be reused once one ends)
     kv_cache: str = "none"  # what the request decodes over: none, prefix, dual (approximate) or exact
+    # With params.logprobs: (logprob, ((id, logprob), ...)) of each committed position, taken at the
+    # step it was committed; `logprobs` covers every generated position, on the last event only.
+    committed_logprobs: tuple = ()
+    logprobs: tuple = ()
+    stop_text: str = ""  # the stop string that ended the output: text is cut where it begins
 
 
 @dataclass
@@ -80,6 +85,11 @@ class Sequence:
     finish_reason: Optional[FinishReason] = None
     slot: int = -1  # runner row, assigned by the scheduler
     ticket: int = field(default_factory=lambda: next(_tickets))  # unique per object: ids may be reused
+    token_logprobs: dict = field(default_factory=dict)  # canvas position -> (logprob, top alternatives)
+    # With stop strings: ids -> (prefix length whose text first holds one, the string) or None.
+    find_stop_text: Optional[Callable[[list[int]], Optional[tuple[int, str]]]] = field(default=None, repr=False)
+    stop_len: Optional[int] = None  # generated ids kept after a stop string (through its last token)
+    stop_text: str = ""  # the stop string that ended the output
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -119,8 +129,9 @@ class Sequence:
         return self.nfe * (2 if self.params.cfg_scale > 0 else 1)
 
     def generated(self) -> list[int]:
-        """Generated ids up to the first stop token (which is dropped)."""
-        return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)]
+        """Generated ids up to the first stop token (which is dropped) or through the token that
+        completed a stop string."""
+        return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)][:self.stop_len]
 
     @property
     def kv_cache(self) -> str:
@@ -141,22 +152,29 @@ class Sequence:
         p = self.params
         block = self.block if block is None else block
         canvas, num_blocks, settled = self._view(block, block_complete)
-        generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)]
+        generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)][:self.stop_len]
+        lp = self.token_logprobs
+        committed_lp = tuple(lp[c] for c in committed if c in lp) if lp else ()
+        all_lp = tuple(lp.get(i, (0.0, ())) for i in range(len(generated))) if lp and self.finished else ()
         return StepEvent(
             request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
             num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,
-            generated=generated, visible=stop_cut(canvas, self.stop_ids), settled=settled, steps=self.nfe,
+            generated=generated, visible=min(stop_cut(canvas, self.stop_ids), len(canvas) if self.stop_len is None
+                                             else self.stop_len), settled=settled, steps=self.nfe,
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
-            ticket=self.ticket, kv_cache=self.kv_cache)
+            ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
+            stop_text=self.stop_text)
 
-    def apply(self, positions: list[int], tokens: list[int], confidences: list[float]) -> StepEvent:
+    def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+              logprobs: tuple = ()) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""
         p = self.params
         committed = []
         for pos, tok in zip(positions, tokens):
             committed.append(self.block_start + pos)
             self.canvas[self.block_start + pos] = tok
+        self.token_logprobs.update(zip(committed, logprobs))
         self.nfe += 1
         self.step_in_block += 1
         if p.adaptive:  # threshold / factor: a block ends when no mask is left in it
@@ -164,18 +182,30 @@ class Sequence:
         else:  # the fixed schedule commits the whole block in steps_per_block steps
             block_done = self.step_in_block >= p.steps_per_block
         event_block = self.block
-        if block_done:
-            if p.stop_at_eos and any(t in self.stop_ids for t in self.canvas[:self.block_start + p.block_length]):
-                end = self.block_start + p.block_length
-                eos = min(self.stop_ids)
-                self.canvas[end:] = [eos] * (p.gen_length - end)
-                self.finish_reason = FinishReason.STOP
-            elif self.block + 1 >= p.num_blocks:
+        if block_done and not self.stops_within(self.block_start + p.block_length):
+            if self.block + 1 >= p.num_blocks:
                 self.finish_reason = FinishReason.LENGTH
             else:
                 self.block += 1
                 self.step_in_block = 0
         return self.event(tuple(committed), tuple(confidences), event_block, block_done)
+
+    def stops_within(self, end: int) -> bool:
+        """After a block ending at canvas index `end`: finish (STOP) if what is generated so far
+        holds a stop token or a stop string; the rest of the canvas is filled with a stop id."""
+        if not self.params.stop_at_eos:
+            return False
+        head = self.canvas[:end]
+        n = stop_cut(head, self.stop_ids, self.mask_id)
+        hit = self.find_stop_text(head[:n]) if self.find_stop_text is not None else None
+        if hit is None and not (n < len(head) and head[n] in self.stop_ids):
+            return False
+        if hit is not None:
+            self.stop_len, self.stop_text = hit
+        if self.stop_ids:
+            self.canvas[end:] = [min(self.stop_ids)] * (len(self.canvas) - end)
+        self.finish_reason = FinishReason.STOP
+        return True
 
     def cancel(self) -> StepEvent:
         self.finish_reason = FinishReason.CANCELLED

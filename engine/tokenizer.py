@@ -102,6 +102,27 @@ class Tokenizer:
         ids = [i for i in ids if not (skip_special and i in self._special)]
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
+    def stop_finder(self, stops: Sequence[str]):
+        """ids -> (length of the shortest prefix whose text holds a stop string, that string), or
+        None: the engine's stop-string check, run when a block finishes (bisection over prefixes)."""
+        def find(ids: list[int]):
+            text = self.decode(ids)
+            found = [(text.find(s), s) for s in stops if s in text]
+            if not found:
+                return None
+            first = min(found)[1]
+            lo, hi = 1, len(ids)  # the shortest prefix whose text holds the first stop string
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if first in self.decode(ids[:mid]) else (mid + 1, hi)
+            return lo, first
+        return find
+
+    def decode_cut(self, ids: Sequence[int], stop: str = "") -> str:
+        """Text of `ids`, cut where the stop string that ended them begins (if any)."""
+        text = self.decode(ids)
+        return text[:text.find(stop)] if stop and stop in text else text
+
     def until_stop(self, ids: Iterable[int]) -> list[int]:
         """Generated ids up to (without) the first stop token or still-masked position."""
         ids = list(ids)

@@ -64,6 +64,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.json:
         out = {"text": res.text, "token_ids": res.token_ids, "steps": res.steps,
                "finish_reason": res.finish_reason.value, "seed": res.seed, "kv_cache": llm.kv_cache}
+        if res.logprobs:
+            out["logprobs"] = [{"logprob": lp, "top": [[i, v] for i, v in top]} for lp, top in res.logprobs]
         print(json.dumps(out | ({"timings": timings} if a.timings else {})))
     else:
         print(res.text)

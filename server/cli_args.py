@@ -27,12 +27,20 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eps", type=float, help="Dream schedule's final timestep, in (0, 1) (default 1e-3)")
     g.add_argument("--top-k", type=int, help="draw only among the k most likely tokens (0: all)")
     g.add_argument("--top-p", type=float, help="nucleus: draw among the most likely tokens up to this mass, in (0, 1]")
+    g.add_argument("--stop-token-ids", type=lambda x: tuple(int(i) for i in x.split(",") if i),
+                   help="comma-separated token ids that end the output like EOS")
+    g.add_argument("--ignore-eos", action="store_const", const=True, help="EOS and end-of-turn do not stop")
+    g.add_argument("--stop", action="append", type=str, help="a string that ends the output (repeat for several)")
+    g.add_argument("--min-tokens", type=int, help="no stop token in the first N positions")
+    g.add_argument("--logprobs", type=int, help="with --json: each token's log-probability and N alternatives")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale")
     g.add_argument("--seed", type=int, help="random seed (default: chosen and reported)")
 
 
 SAMPLING_FIELDS = ("gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor",
-                   "factor_rule", "schedule", "eps", "top_k", "top_p", "cfg_scale", "seed")
+                   "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens",
+                   "logprobs", "stop",
+                   "cfg_scale", "seed")
 
 
 def sampling_from_args(a: argparse.Namespace, defaults=None):
@@ -42,6 +50,8 @@ def sampling_from_args(a: argparse.Namespace, defaults=None):
     from engine.params import SamplingParams, fit_lengths
 
     given = {f: getattr(a, f) for f in SAMPLING_FIELDS if getattr(a, f, None) is not None}
+    if "stop" in given:
+        given["stop"] = tuple(given["stop"])
     params = fit_lengths(defaults or SamplingParams(), given)
     try:
         return params.validate()

@@ -88,8 +88,13 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
     """The knobs a request sets over the defaults, with steps and block length fitted to a
     gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
     given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
-                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p")
+                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p",
+                                                   "ignore_eos", "min_tokens", "logprobs")
              if req.HasField(name)}
+    if req.stop_token_ids:
+        given["stop_token_ids"] = tuple(req.stop_token_ids)
+    if req.stop:
+        given["stop"] = tuple(req.stop)
     enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
              "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
              "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),
@@ -118,17 +123,21 @@ def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.G
     positions = sorted(committed)
     return pb.GenerateResponse(
         request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
-        num_blocks=ev.num_blocks, text=tok.render(ev.canvas[:ev.visible]), tokens=tokens,
+        num_blocks=ev.num_blocks, tokens=tokens,
+        text=tok.decode_cut(ev.generated, ev.stop_text) if ev.stop_text else tok.render(ev.canvas[:ev.visible]),
         committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished)
 
 
-def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float) -> pb.GenerateResponse:
+def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer) -> pb.GenerateResponse:
     msg.finish_reason = FINISH_TO_PB[ev.finish_reason or FinishReason.LENGTH]
     msg.seed = ev.seed
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
                                 forward_passes=ev.forward_passes))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
     msg.kv_cache = KV_CACHE_TO_PB[ev.kv_cache]
+    for token, (lp, top) in zip(msg.tokens, ev.logprobs):  # with logprobs: every generated token
+        token.logprob = lp
+        token.top_logprobs.extend(pb.TokenLogprob(id=i, text=tok.token_text(i), logprob=v) for i, v in top)
     return msg
 
 

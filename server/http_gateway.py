@@ -31,7 +31,7 @@ from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
 from server.guard import Guard
 from server.http_extras import Cors, TokenizerRoutes
 from server.lifecycle import Lifecycle, LiveRequest
-from server.openai_responses import Responder, sse
+from server.openai_responses import Responder, merge_finals, sse
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -258,7 +258,8 @@ class HttpGateway:
 
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
-        life = self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")
+        start = lambda: self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")  # noqa: E731
+        lives = [start()]
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
@@ -269,50 +270,87 @@ class HttpGateway:
                 req = None
                 body = await self._body(request)
                 req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
-                stream = await life.submit(openai_api.engine_request(req, request.headers.get("X-Request-Id", "")))
+                reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
+                lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
+                streams = [await life.submit(r) for life, r in zip(lives, reqs)]
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
-                life.fail(e)
+                lives[0].fail(e)
                 return error_json(e)
             except EngineError as e:
-                life.fail(e)
+                lives[0].fail(e)
                 return error_json(e)
-            responder = Responder(chat, stream.request_id, req.model, self.llm.tokenizer)
+            rid = streams[0].request_id
+            responders = [Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
+                                    echo=self._echo(req, k)) for k in range(len(streams))]
             if req.stream:
-                return await self._stream(request, responder, req.diffusing, life)
-            last: Optional[StepEvent] = None
+                return await self._stream(request, responders, req.diffusing, lives)
             try:
-                async for last in life.events():
-                    pass
+                finals = await asyncio.gather(*(self._last(life) for life in lives))
             except EngineError as e:
                 return error_json(e)
-            if last is None:
+            if any(ev is None for ev in finals):
                 e = Unavailable("the request was dropped before its first step (server stopping)")
-                life.fail(e)
+                lives[0].fail(e)
                 return error_json(e)
-            return web.json_response(responder.final(last), headers={"X-Request-Id": stream.request_id})
+            return web.json_response(merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n),
+                                     headers={"X-Request-Id": rid})
         finally:
-            life.close()  # frees the scheduler slot if we leave early (disconnect, error)
+            for life in lives:
+                life.close()  # frees the scheduler slots if we leave early (disconnect, error)
             self._handlers.discard(task)
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
 
-    async def _stream(self, request: web.Request, responder: Responder, diffusing: bool,
-                      life: LiveRequest) -> web.StreamResponse:
+    def _echo(self, req: openai_api.GatewayRequest, k: int) -> str:
+        if not req.echo:
+            return ""
+        prompt = req.prompts[k // req.n]
+        return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(prompt)
+
+    @staticmethod
+    async def _last(life: LiveRequest) -> Optional[StepEvent]:
+        last = None
+        async for last in life.events():
+            pass
+        return last
+
+    async def _stream(self, request: web.Request, responders: list[Responder], diffusing: bool,
+                      lives: list[LiveRequest]) -> web.StreamResponse:
+        """Server-sent events of every choice as they come (each chunk names its choice index)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no", "X-Request-Id": responder.request_id})
+                                           "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
         await resp.prepare(request)
-        try:
+        queue: asyncio.Queue = asyncio.Queue()
+        end = object()  # each pump's last item
+
+        async def pump(responder: Responder, life: LiveRequest) -> None:
             try:
                 async for ev in life.events():
                     chunk = responder.diffusing_chunk(ev) if diffusing else responder.plain_chunk(ev)
                     if chunk is not None:
-                        await resp.write(sse(chunk))
-            except EngineError as e:  # headers are sent: the error becomes the last event
-                await resp.write(sse(openai_api.error_response(e)[1]))
-            await resp.write(sse("[DONE]"))
-            await resp.write_eof()
-        except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
-            log.info("http.client_gone", request_id=responder.request_id)
+                        queue.put_nowait(chunk)
+            except EngineError as e:  # headers are sent: the error becomes an event
+                queue.put_nowait(openai_api.error_response(e)[1])
+            finally:
+                queue.put_nowait(end)
+
+        pumps = [asyncio.ensure_future(pump(r, life)) for r, life in zip(responders, lives)]
+        try:
+            try:
+                running = len(pumps)
+                while running:
+                    item = await queue.get()
+                    if item is end:
+                        running -= 1
+                    else:
+                        await resp.write(sse(item))
+                await resp.write(sse("[DONE]"))
+                await resp.write_eof()
+            except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
+                log.info("http.client_gone", request_id=responders[0].request_id)
+        finally:
+            for p in pumps:
+                p.cancel()
         return resp

@@ -5,9 +5,10 @@ prompt plus SamplingParams. `max_tokens` is the canvas length (gen_length); when
 without the diffusion fields, block_length and steps are fitted to it so that a plain OpenAI
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
-remasking, and `diffusing` (stream snapshots); `top_k` / `top_p` as in vLLM. OpenAI parameters
-this server cannot honour (penalties, logit_bias, response_format, tools, stop, n, logprobs,
-echo, ...) and unknown keys are a 400 naming the field unless they carry their neutral value.
+remasking, and `diffusing` (stream snapshots); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
+`ignore_eos` as in vLLM; `stop` and `logprobs` / `top_logprobs` as OpenAI. OpenAI parameters this
+server cannot honour (penalties, logit_bias, response_format, tools, best_of, suffix) and unknown
+keys are a 400 naming the field unless they carry their neutral value.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -27,39 +28,45 @@ from engine.llm import Request
 from engine.params import MAX_SEED, SamplingParams, fit_lengths
 from server.errors import ModelNotFound, error_body, to_openai
 
-INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k")
+INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k",
+        "min_tokens", "top_logprobs")
 FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
 STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "stop": ([],), "logprobs": (False,),
-    "top_logprobs": (0,), "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
-    "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],), "functions": ([],),
-    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "best_of": (1,), "suffix": ("",), "frequency_penalty": (0,), "presence_penalty": (0,),
+    "repetition_penalty": (1,), "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
+    "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
 # Known fields that change nothing here: metadata, streaming options (usage always comes with the
-# last chunk), and tool settings that only matter with tools. `min_tokens` and `ignore_eos` are
-# accepted as before and not yet honoured.
-ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls", "min_tokens",
-            "ignore_eos")
+# last chunk), and tool settings that only matter with tools.
+ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
 EXTENSIONS = ("steps", "block_length", "threshold", "factor", "factor_rule", "schedule", "eps", "kv_cache",
-              "cfg_scale", "remasking", "diffusing", "top_k")
-COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
+              "cfg_scale", "remasking", "diffusing", "top_k", "stop_token_ids", "min_tokens", "ignore_eos")
+COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", "n", "echo", "stop", "logprobs", "top_logprobs",
+          *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
+MAX_CHOICES = 16  # prompts x n in one HTTP request: each is its own engine request
 
 
 @dataclass(frozen=True)
 class GatewayRequest:
     chat: bool
-    prompt: Union[str, list[int]]  # ignored for chat
+    prompts: list[Union[str, list[int]]]  # completions: one or several; ignored for chat
     messages: Optional[list[dict]]
     params: SamplingParams
     stream: bool
     diffusing: bool
     length_param: str  # the name the client used for the length (for error messages)
+    n: int = 1  # samples of each prompt, batched in the same steps with seeds seed, seed+1, ...
+    echo: bool = False  # completions: the prompt's text before each choice's text
     model: str = ""  # the served name the client asked for (echoed in responses), else the first
+
+    @property
+    def prompt(self) -> Union[str, list[int]]:
+        return self.prompts[0] if self.prompts else ""
 
 
 def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
@@ -82,9 +89,25 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
             v.append(FieldViolation(name, f"must be {what}, got {clip(x)}"))
         else:
             out[name] = x
-    for name in ("stream", "diffusing"):
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        out["stop"] = (stop,)
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        if stop:
+            out["stop"] = tuple(stop)
+    elif stop is not None:
+        v.append(FieldViolation("stop", f"must be a string or a list of strings, got {clip(stop)}"))
+    ids = body.get("stop_token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids):
+        if ids:
+            out["stop_token_ids"] = tuple(ids)
+    elif ids is not None:
+        v.append(FieldViolation("stop_token_ids", f"must be a list of token ids, got {clip(ids)}"))
+    for name in ("stream", "diffusing", "ignore_eos"):
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
+        elif name == "ignore_eos" and name in body:
+            out[name] = body[name]
     for name in STRINGS:
         if name in body and not isinstance(body[name], str):
             v.append(FieldViolation(name, f"must be a string, got {clip(body[name])}"))
@@ -121,16 +144,22 @@ def _unknown(body: dict, known: Sequence[str]) -> list[FieldViolation]:
             for k in body if k not in known]
 
 
-def _prompt(body: dict, v: list[FieldViolation]) -> Union[str, list[int]]:
+def _ids(p: Any) -> bool:
+    return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def _prompts(body: dict, v: list[FieldViolation]) -> list[Union[str, list[int]]]:
+    """OpenAI's prompt: a string, token ids, or a list of either (several prompts)."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # a batch of one
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return list(p)
-    v.append(FieldViolation("prompt", "must be a string or a list of token ids (one prompt per request)"))
-    return ""
+    if isinstance(p, str) or (_ids(p) and p):
+        return [p]
+    if isinstance(p, list) and p and all(isinstance(x, str) or (_ids(x) and x) for x in p):
+        if len(p) <= MAX_CHOICES:
+            return list(p)
+        v.append(FieldViolation("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(p)}"))
+        return []
+    v.append(FieldViolation("prompt", "must be a string, a list of token ids, or a list of those"))
+    return []
 
 
 def _content(content: Any) -> Any:
@@ -155,7 +184,8 @@ def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
             out.append({"role": None, "content": None})
             continue
         content = m.get("content")
-        out.append({"role": m.get("role"), "content": "" if content is None else _content(content)})
+        role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for it
+        out.append({"role": role, "content": "" if content is None else _content(content)})
     return out
 
 
@@ -167,11 +197,46 @@ def fit_schedule(gen_length: int, d: SamplingParams, block: Optional[int] = None
 
 
 def engine_request(req: GatewayRequest, request_id: str) -> Request:
-    if req.chat:
-        return Request(messages=req.messages, params=req.params, request_id=request_id)
-    if isinstance(req.prompt, str):
-        return Request(prompt=req.prompt, params=req.params, request_id=request_id)
-    return Request(token_ids=req.prompt, params=req.params, request_id=request_id)
+    return engine_requests(req, request_id)[0]
+
+
+def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
+    """One engine request per choice, prompt-major (choice index = prompt index * n + sample):
+    samples of a prompt get seeds seed, seed+1, ... (the engine picks and reports them when
+    unset); ids get a -k suffix when a client id covers several choices."""
+    out = []
+    for i, prompt in enumerate(req.prompts):
+        for j in range(req.n):
+            k = i * req.n + j
+            params = req.params if req.params.seed is None or j == 0 else \
+                replace(req.params, seed=(req.params.seed + j) % (MAX_SEED + 1))
+            rid = f"{request_id}-{k}" if request_id and len(req.prompts) * req.n > 1 else request_id
+            if req.chat:
+                out.append(Request(messages=req.messages, params=params, request_id=rid))
+            elif isinstance(prompt, str):
+                out.append(Request(prompt=prompt, params=params, request_id=rid))
+            else:
+                out.append(Request(token_ids=prompt, params=params, request_id=rid))
+    return out
+
+
+def _logprobs(body: dict, chat: bool, x: dict, v: list[FieldViolation]) -> Optional[int]:
+    """OpenAI's two spellings: completions `logprobs: N` (alternatives), chat `logprobs: true`
+    with `top_logprobs: N`. None: not asked."""
+    lp = body.get("logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            v.append(FieldViolation("logprobs", f"must be a boolean, got {clip(lp)}"))
+            return None
+        if "top_logprobs" in x and not lp:
+            v.append(FieldViolation("top_logprobs", "needs logprobs: true"))
+        return x.get("top_logprobs", 0) if lp else None
+    if lp is None or lp is False:
+        return None
+    if isinstance(lp, bool) or not isinstance(lp, int):
+        v.append(FieldViolation("logprobs", f"must be an integer (alternatives per token), got {clip(lp)}"))
+        return None
+    return lp
 
 
 def model_not_found(name: str, served: Sequence[str]) -> ModelNotFound:
@@ -203,22 +268,37 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     x = _typed(body, v)
     _unsupported(body, chat, v)
     messages = _messages(body, v) if chat else None
-    prompt = "" if chat else _prompt(body, v)
+    prompts = [""] if chat else _prompts(body, v)
+    n = x.get("n", 1)
+    if not 1 <= n <= MAX_CHOICES or len(prompts) * n > MAX_CHOICES:
+        v.append(FieldViolation("n", f"prompts x n must be in [1, {MAX_CHOICES}], got {len(prompts)} x {n}"))
+    echo = body.get("echo", False)
+    if chat and "echo" in body:
+        v.append(FieldViolation("echo", "is a completions field"))
+    elif not isinstance(echo, bool):
+        v.append(FieldViolation("echo", f"must be a boolean, got {clip(echo)}"))
+    elif echo and body.get("logprobs") not in (None, False):
+        v.append(FieldViolation("echo", "with logprobs is not supported (prompt tokens have none here)"))
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"
     if body.get("diffusing") and not body.get("stream"):
         v.append(FieldViolation("diffusing", "needs stream: true"))
     if v:
         raise InvalidRequest(v)
     names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
-             "top_p", *STRINGS)
+             "top_p", "stop", "stop_token_ids", "min_tokens", "ignore_eos", *STRINGS)
     given = {k: x[k] for k in names if k in x}
+    logprobs = _logprobs(body, chat, x, v)
+    if v:
+        raise InvalidRequest(v)
+    if logprobs is not None:
+        given["logprobs"] = logprobs
     if length_param in x:
         given["gen_length"] = x[length_param]
     if given.get("top_k") == -1:  # vLLM's spelling of "off"
         given["top_k"] = 0
     params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
-    return GatewayRequest(chat, prompt, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
-                          length_param, model)
+    return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
+                          length_param, n, bool(echo), model)
 
 
 @dataclass(frozen=True)
@@ -248,7 +328,10 @@ def parse_tokenize(body: Any, models: Sequence[str] = ()) -> TokenizeRequest:
             v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
     v += _unknown(body, TOKENIZE_FIELDS)
     messages = _messages(body, v) if chat else None
-    prompt = None if chat else _prompt(body, v)
+    prompts = [] if chat else _prompts(body, v)
+    if len(prompts) > 1:
+        v.append(FieldViolation("prompt", "one prompt per request here (a string or a list of token ids)"))
+    prompt = prompts[0] if len(prompts) == 1 else None
     if v:
         raise InvalidRequest(v)
     return TokenizeRequest(prompt, messages, bool(strs))

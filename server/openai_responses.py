@@ -34,6 +34,21 @@ def seed_text(seed: int) -> str:
     return str(seed)
 
 
+def merge_finals(bodies: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """One response of several choices (prompts x n): their choices in order, usage summed
+    (each prompt's tokens counted once, as OpenAI does for n > 1), `celeris` per choice."""
+    if len(bodies) == 1:
+        return bodies[0]
+    body = dict(bodies[0])
+    body["choices"] = [b["choices"][0] for b in bodies]
+    prompt = sum(b["usage"]["prompt_tokens"] for b in bodies[::n])
+    completion = sum(b["usage"]["completion_tokens"] for b in bodies)
+    body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                     "forward_passes": sum(b["usage"]["forward_passes"] for b in bodies)}
+    body["celeris"] = {"choices": [b["celeris"] for b in bodies]}
+    return body
+
+
 def sse(data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
@@ -42,8 +57,13 @@ def sse(data: Any) -> bytes:
 class Responder:
     """Builds the bodies of one request: ids, model name and creation time are shared by all."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer):
+    def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = (),
+                 index: int = 0, echo: str = ""):
         self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
+        self.index, self.echo = index, echo  # the choice this responder builds; completions' echoed prompt
+        # Plain streaming holds back this many trailing characters until the end: a stop string
+        # may span two blocks, and text already sent cannot be taken back.
+        self.hold = max((len(x) for x in stops), default=1) - 1
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.sent = ""  # text already streamed in plain mode
@@ -53,22 +73,41 @@ class Responder:
         obj = "chat.completion" + (".chunk" if chunk else "") if self.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def _choice(self, text: str, finish: Optional[str], chunk: bool) -> dict[str, Any]:
+    def _choice(self, text: str, finish: Optional[str], chunk: bool, logprobs: Optional[dict] = None) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         if not chunk:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            return {"index": self.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": finish}
         delta: dict[str, Any] = {"content": text}
         if self.first:
             delta["role"] = "assistant"
             self.first = False
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, ev: StepEvent) -> Optional[dict]:
+        """OpenAI's logprobs object for the generated tokens (each taken at its commit step)."""
+        if not ev.logprobs:
+            return None
+        texts = [self.tok.token_text(t) for t in ev.generated]
+        if self.chat:
+            def entry(token: str, lp: float) -> dict:
+                return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+            return {"content": [entry(t, lp) | {"top_logprobs": [entry(self.tok.token_text(i), v) for i, v in top]}
+                                for t, (lp, top) in zip(texts, ev.logprobs)]}
+        offsets, at = [], 0
+        for t in texts:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": texts, "token_logprobs": [lp for lp, _ in ev.logprobs],
+                "top_logprobs": [{self.tok.token_text(i): v for i, v in top} for _, top in ev.logprobs],
+                "text_offset": offsets}
 
     def final(self, ev: StepEvent) -> dict[str, Any]:
         """The non-streaming response."""
-        text = self.tok.decode(ev.generated)
-        body = self._envelope([self._choice(text, self._finish(ev), chunk=False)], chunk=False)
+        text = self.echo + self.tok.decode_cut(ev.generated, ev.stop_text)
+        body = self._envelope([self._choice(text, self._finish(ev), chunk=False, logprobs=self.logprobs(ev))],
+                              chunk=False)
         return body | {"usage": usage(ev), "celeris": {"seed": seed_text(ev.seed), "steps": ev.steps,
                                                       "kv_cache": ev.kv_cache}}
 
@@ -76,7 +115,8 @@ class Responder:
         return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
 
     def _chunk(self, text: str, ev: StepEvent, extra: Optional[dict] = None) -> dict[str, Any]:
-        body = self._envelope([self._choice(text, self._finish(ev), chunk=True)], chunk=True)
+        lp = self.logprobs(ev) if ev.finished else None  # all of them, with the last chunk
+        body = self._envelope([self._choice(text, self._finish(ev), chunk=True, logprobs=lp)], chunk=True)
         if extra:
             body["celeris"] = extra
         if ev.finished:
@@ -87,7 +127,11 @@ class Responder:
         """The next append-only delta, or None when nothing new is final yet."""
         if not (ev.block_complete or ev.finished):
             return None
-        text = self.tok.decode(ev.generated[:ev.settled])
+        if ev.finished:
+            text = self.echo + self.tok.decode_cut(ev.generated, ev.stop_text)
+        else:
+            text = self.echo + self.tok.decode(ev.generated[:ev.settled])
+            text = text[:len(text) - self.hold] if self.hold else text
         # A prefix can decode differently once more bytes follow (a split UTF-8 character): hold it back.
         if not text.startswith(self.sent) or (text.endswith("\ufffd") and not ev.finished):
             return self._chunk("", ev) if ev.finished else None
@@ -100,7 +144,8 @@ class Responder:
         cells = [{"text": self.tok.token_text(t), "new": i in new,
                   "state": "masked" if t == mask else "stop" if i >= first_stop else "token"}
                  for i, t in enumerate(ev.canvas)]
-        text = self.tok.decode(ev.generated) if ev.finished else self.tok.render(ev.canvas[:first_stop])
+        text = self.echo + (self.tok.decode_cut(ev.generated, ev.stop_text) if ev.finished
+                            else self.tok.render(ev.canvas[:first_stop]))
         extra = {"replace": True, "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
                  "committed": len(new), "done": ev.finished, "tokens": cells}

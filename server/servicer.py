@@ -48,7 +48,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     msg = convert.snapshot(ev, self.llm.tokenizer, committed)
                     committed = {}
                     if ev.finished:
-                        convert.finalize(msg, ev, time.perf_counter() - t0)
+                        convert.finalize(msg, ev, time.perf_counter() - t0, self.llm.tokenizer)
                     yield msg
             except EngineError as e:  # a failed step
                 await abort(context, e)

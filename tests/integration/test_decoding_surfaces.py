@@ -70,3 +70,48 @@ def test_http_and_the_python_client_take_the_knobs_and_report_the_cache(tiny_llm
                              seed=4, kv_cache="dual")
             assert res.text == expected.text and res.kv_cache == "dual"
             assert c.model_info().defaults.gen_length == tiny_llm.defaults.gen_length
+
+
+async def test_grpc_stop_options_reach_the_engine():
+    from engine.llm import LLM
+
+    llm = LLM.load()  # the embedded model ends its answers with EOS
+    base = dict(prompt="37+45=", gen_length=8, steps=8, block_length=8, seed=0)
+    async with running_server(llm) as (_, stub, _):
+        plain = (await collect(stub.Generate(pb.GenerateRequest(**base))))[-1]
+        ignored = (await collect(stub.Generate(pb.GenerateRequest(**base, ignore_eos=True))))[-1]
+        stop_id = ignored.tokens[1].id
+        cut = (await collect(stub.Generate(pb.GenerateRequest(**base, ignore_eos=True, stop_token_ids=[stop_id]))))[-1]
+        late = (await collect(stub.Generate(pb.GenerateRequest(**base, min_tokens=4))))[-1]
+    assert plain.finish_reason == pb.FINISH_REASON_STOP and ignored.finish_reason == pb.FINISH_REASON_LENGTH
+    assert ignored.usage.generated_tokens == 8
+    assert cut.finish_reason == pb.FINISH_REASON_STOP and cut.usage.generated_tokens == 1
+    assert late.usage.generated_tokens >= 4
+
+
+async def test_grpc_logprobs_on_the_last_message(tiny_llm):
+    expected = tiny_llm.generate_one(PROMPT, SamplingParams(gen_length=16, steps=8, block_length=8, seed=1,
+                                                            logprobs=2))
+    req = pb.GenerateRequest(prompt=PROMPT, gen_length=16, steps=8, block_length=8, seed=1, logprobs=2)
+    async with running_server(tiny_llm) as (_, stub, _):
+        msgs = await collect(stub.Generate(req))
+    last = msgs[-1]
+    n = last.usage.generated_tokens
+    assert n == len(expected.token_ids)
+    assert [round(t.logprob, 4) for t in last.tokens[:n]] == [round(lp, 4) for lp, _ in expected.logprobs]
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+               for t in last.tokens[:n])
+    assert not any(t.HasField("logprob") for m in msgs[:-1] for t in m.tokens)
+
+
+async def test_grpc_stop_strings_cut_the_final_text():
+    from engine.llm import LLM
+
+    llm = LLM.load()
+    base = dict(prompt="It is a truth universally", gen_length=32, steps=32, block_length=8, seed=0)
+    async with running_server(llm) as (_, stub, _):
+        full = (await collect(stub.Generate(pb.GenerateRequest(**base))))[-1]
+        stop = full.text[14:18]
+        cut = (await collect(stub.Generate(pb.GenerateRequest(**base, stop=[stop]))))[-1]
+    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == pb.FINISH_REASON_STOP
+    assert cut.usage.forward_passes < full.usage.forward_passes

@@ -190,3 +190,13 @@ def test_seeded_sampling_reproduces_alone_and_batched(sdar_dir):
     llm.loop.run_to_completion()
     assert alone.canvas == seqs[1].canvas
     assert other.canvas != alone.canvas
+
+
+def test_planned_steps_cover_prefill_denoise_and_store_forwards(sdar_dir):
+    llm = engine(sdar_dir, prefill_chunk=8)
+    whole = run_engine(llm, [[5 + i for i in range(16)]], gen_length=16, block_length=4, steps=16,
+                       stop_at_eos=False)[0]  # 4 prompt blocks: 2 prefill chunks, 4 blocks, 3 stores
+    assert whole.total_steps == 2 + 4 * 4 + 3 == whole.nfe
+    tail = run_engine(llm, [[5 + i for i in range(18)]], gen_length=16, block_length=4, steps=16,
+                      stop_at_eos=False)[0]  # the first block holds 2 prompt tokens: it may finish early
+    assert tail.total_steps == 2 + 5 * 4 + 4 and tail.nfe <= tail.total_steps

@@ -101,3 +101,40 @@ def test_cache_allocated_on_first_use_serves_offline_and_server_steps(tiny_model
     with torch.no_grad():
         llm.loop.run_to_completion()
     assert seq.generated() == first.token_ids
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_dream_with_llada_schedule_and_a_cache_keeps_the_blocks_first_logit_fresh(tmp_path, mode):
+    """No published loop exists for this mix: the cached window starts one column before the
+    block (Dream reads each logit from the column to its left). A block's first step is a full
+    forward, so it commits what the uncached run commits; every block completes."""
+    from tests.helpers import make_model_dir
+
+    folder = make_model_dir(tmp_path, seed=3, arch="dream")
+    cached = LLM.load(folder, EngineConfig(max_batch=2, max_prompt_tokens=64, max_gen_length=64, kv_cache=mode))
+    plain = LLM.load(folder, EngineConfig(max_batch=2, max_prompt_tokens=64, max_gen_length=64))
+    params = SamplingParams(gen_length=16, steps=8, block_length=8, seed=0, stop_at_eos=False)
+    ids = plain.encode_prompt("It is a truth universally")
+    firsts = []
+    for llm in (cached, plain):
+        seq = llm.sequence(ids, params)
+        llm.loop.add(seq)
+        events, _ = llm.loop.step()
+        firsts.append(events[0].canvas)
+        llm.loop.run_to_completion()
+        assert seq.nfe == 8 and llm.tokenizer.mask_id not in seq.canvas
+    assert firsts[0] == firsts[1]
+
+
+def test_dream_lead_column_dual_cache_is_exact_for_one_layer(tmp_path):
+    """With one layer a column's keys depend on its own id only, so the dual cache (and the
+    recomputed lead column) is exact: the whole run must equal the uncached one."""
+    from tests.helpers import make_model_dir
+
+    folder = make_model_dir(tmp_path, seed=4, arch="dream", n_layers=1)
+    params = SamplingParams(gen_length=16, steps=16, block_length=8, seed=0, stop_at_eos=False)
+    outs = []
+    for mode in ("dual", "none"):
+        llm = LLM.load(folder, EngineConfig(max_batch=2, max_prompt_tokens=64, max_gen_length=64, kv_cache=mode))
+        outs.append(llm.generate(["It is a truth universally"], params)[0].token_ids)
+    assert outs[0] == outs[1]

@@ -225,18 +225,34 @@ def test_dream_config_options_the_model_does_not_implement_are_refused(tmp_path)
 
 # ---------------------------------------------------------------- the command line
 
+RUN_CASES = {  # name: (family, dtype, CLI flags, reference)
+    "llada-fixed-fp32": ("llada", "float32", ["--steps", "8", "--block-length", "4"],
+                         lambda m, ids: llada_generate(m, ids, steps=8, gen_length=16, block_length=4, mask_id=TINY_MASK)),
+    "fast-dllm-dual-threshold-bf16": ("llada", "bfloat16", ["--steps", "16", "--block-length", "8", "--threshold", "0.2",
+                                                            "--kv-cache", "dual"],
+                                      lambda m, ids: llada_generate(m, ids, steps=16, gen_length=16, block_length=8,
+                                                                    mask_id=TINY_MASK, threshold=0.2, cache="dual")),
+    "dream-entropy-bf16": ("dream", "bfloat16", ["--steps", "8", "--block-length", "16", "--schedule", "dream",
+                                                 "--remasking", "entropy"],
+                           lambda m, ids: dream_generate(m, ids, steps=8, gen_length=16, mask_id=TINY_MASK,
+                                                         alg="entropy")),
+}
+
+
 @pytest.mark.slow
-def test_celeris_run_json_equals_fast_dllm_dual_cache_in_bfloat16(llada_dirs):
-    folder = llada_dirs["bfloat16"]
+@pytest.mark.parametrize("case", list(RUN_CASES))
+def test_celeris_run_json_equals_the_published_loops(llada_dirs, dream_dirs, case):
+    family, dtype, flags, reference = RUN_CASES[case]
+    folder = (llada_dirs if family == "llada" else dream_dirs)[dtype]
     prompt = "It is a truth universally acknowledged"
     out = subprocess.run(
-        [sys.executable, "-m", "server.cli", "run", "--model", str(folder), "--dtype", "bfloat16", "--prompt", prompt,
-         "--gen-length", "16", "--steps", "16", "--block-length", "8", "--threshold", "0.2", "--kv-cache", "dual",
-         "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, check=True)
+        [sys.executable, "-m", "server.cli", "run", "--model", str(folder), "--dtype", dtype, "--prompt", prompt,
+         "--gen-length", "16", "--temperature", "0", "--json", *flags], capture_output=True, text=True, timeout=300,
+        check=True)
     got = json.loads(out.stdout)
-    llm = engine(folder, "bfloat16")
+    llm = engine(folder, dtype)
     ids = llm.encode_prompt(prompt)
-    ref = llada_generate(LLaDAReference(folder, torch.bfloat16), torch.tensor([ids]), steps=16, gen_length=16,
-                         block_length=8, mask_id=TINY_MASK, threshold=0.2, cache="dual")
-    assert got["kv_cache"] == "dual"
+    model = (LLaDAReference if family == "llada" else DreamReference)(folder, DTYPES[dtype])
+    ref = reference(model, torch.tensor([ids]))
     assert got["token_ids"] == llm.tokenizer.until_stop(ref[0, len(ids):].tolist())
+    assert got["kv_cache"] == ("dual" if "--kv-cache" in flags else "none")

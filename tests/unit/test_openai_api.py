@@ -58,9 +58,17 @@ def test_chat_messages_and_max_completion_tokens():
 @pytest.mark.parametrize("body, chat, param", [
     ({"prompt": "x", "max_tokens": "many"}, False, "max_tokens"),
     ({"prompt": "x", "temperature": True}, False, "temperature"),
-    ({"prompt": "x", "n": 2}, False, "n"),
-    ({"prompt": "x", "stop": ["\n"]}, False, "stop"),
-    ({"prompt": ["a", "b"]}, False, "prompt"),
+    ({"prompt": "x", "n": 17}, False, "n"),
+    ({"prompt": ["a"] * 9, "n": 2}, False, "n"),
+    ({"prompt": "x", "echo": 1}, False, "echo"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, False, "echo"),
+    ({"prompt": "x", "stop": [1]}, False, "stop"),
+    ({"prompt": "x", "stop_token_ids": "2"}, False, "stop_token_ids"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, True, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, True, "top_logprobs"),
+    ({"prompt": "x", "logprobs": "yes"}, False, "logprobs"),
+    ({"prompt": ["a", 5]}, False, "prompt"),
+    ({"prompt": []}, False, "prompt"),
     ({"prompt": "x", "diffusing": True}, False, "diffusing"),
     ({"messages": []}, True, "messages"),
 ])
@@ -68,6 +76,35 @@ def test_bad_fields_are_named(body, chat, param):
     with pytest.raises(InvalidRequest) as e:
         parse(body, chat)
     assert e.value.violations[0].field == param
+
+
+def test_several_prompts_and_n_become_one_engine_request_per_choice():
+    from server.openai_api import engine_requests
+
+    r = parse({"prompt": ["a", [5, 6]], "n": 2, "seed": 10})
+    reqs = engine_requests(r, "req")
+    assert [q.request_id for q in reqs] == ["req-0", "req-1", "req-2", "req-3"]
+    assert [q.params.seed for q in reqs] == [10, 11, 10, 11]
+    assert (reqs[0].prompt, reqs[2].token_ids) == ("a", [5, 6])
+    assert [q.request_id for q in engine_requests(parse({"prompt": "a"}), "one")] == ["one"]
+    assert all(q.params.seed is None for q in engine_requests(parse({"prompt": "a", "n": 3}), ""))
+
+
+def test_the_developer_role_is_the_system_role():
+    r = parse({"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}]},
+              chat=True)
+    assert [m["role"] for m in r.messages] == ["system", "user"]
+
+
+def test_stop_and_logprobs_map_onto_the_engine():
+    p = parse({"prompt": "x", "stop": "\n", "stop_token_ids": [7], "min_tokens": 2, "ignore_eos": True,
+               "logprobs": 3}).params
+    assert (p.stop, p.stop_token_ids, p.min_tokens, p.ignore_eos, p.logprobs) == (("\n",), (7,), 2, True, 3)
+    assert parse({"prompt": "x", "stop": ["a", "b"], "logprobs": 0}).params.stop == ("a", "b")
+    assert parse({"prompt": "x", "stop": None, "logprobs": None}).params == D
+    chat = parse({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2}, chat=True)
+    assert chat.params.logprobs == 2
+    assert parse({"messages": [{"role": "user", "content": "x"}], "logprobs": False}, chat=True).params.logprobs is None
 
 
 def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
@@ -148,7 +185,7 @@ def test_every_bad_field_is_named_at_once():
     {"response_format": {"type": "text"}},
     {"n": 1, "best_of": 1, "echo": False, "stop": [], "logprobs": False, "suffix": ""},
     {"user": "u-1", "stream_options": {"include_usage": True}, "metadata": {"k": "v"}},
-    {"min_tokens": 4, "ignore_eos": True},  # accepted as before (not yet honoured)
+    {"min_tokens": 4, "ignore_eos": True},
     {"top_k": -1, "top_p": 1.0},
 ])
 def test_neutral_values_and_metadata_are_accepted(extra):
@@ -158,5 +195,5 @@ def test_neutral_values_and_metadata_are_accepted(extra):
 def test_chat_accepts_its_neutral_tool_fields():
     msgs = [{"role": "user", "content": "x"}]
     r = parse({"messages": msgs, "tools": [], "tool_choice": "none", "parallel_tool_calls": False,
-               "top_logprobs": 0, "response_format": {"type": "text"}, "store": False}, chat=True)
+               "response_format": {"type": "text"}, "store": False}, chat=True)
     assert r.chat and r.messages == msgs
