@@ -120,7 +120,8 @@ class CelerisServer:
         if s.warmup:
             await self._warmup()
         await self.health.set(True)
-        log.info("server.started", port=self.port, model=s.model_names(self.llm.name)[0], http_port=self.http.port if self.http else None)
+        log.info("server.started", port=self.port, model=s.model_names(self.llm.name)[0],
+                 http_port=self.http.port if self.http else None)
         return self.port
 
     async def _warmup(self) -> None:

@@ -74,7 +74,8 @@ class Cors:
         if self.allows(origin):
             response.headers["Access-Control-Allow-Origin"] = self._allow_origin(origin)
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
-            response.headers.add("Vary", "Origin")
+            if "Origin" not in response.headers.getall("Vary", ()):
+                response.headers.add("Vary", "Origin")
 
 
 class TokenizerRoutes:

@@ -184,7 +184,7 @@ class HttpGateway:
         finally:
             emit = log.debug if request.path in PROBE_PATHS else log.info  # probes come every few seconds
             emit("http", method=request.method, path=request.path, status=status, peer=request.remote,
-                     duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
+                 duration_ms=round(1e3 * (time.perf_counter() - t0), 2))
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -218,11 +218,7 @@ class HttpGateway:
 
     def _model_card(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "celeris",
-                "root": self.llm.name, "parent": None, "max_model_len": self.max_model_len}
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.config.max_prompt_tokens + self.llm.config.max_gen_length
+                "root": self.llm.name, "parent": None, "max_model_len": self.llm.max_model_len}
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card(n) for n in self.model_names]})
