@@ -149,7 +149,7 @@ class BlockRunner:
             ban=self._ban(rows, start, Wq), **self._filters(p))
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             commit = topk_commit(conf, candidate, n_commit.tolist(), [0.0] * B,
-                                 [(s.params.block_length, 0) for s in rows])
+                                 [(s.params.block_length, 0) for s in rows], commit)
         new = torch.where(commit, x0, ids)
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]

@@ -266,7 +266,7 @@ class Runner:
             top_p=floats[TOP_P] if b.filtered else None,
             ban=None if ban is None else (*ban, ints[BLOCK_START][:, None] + w[None, :]))
         if spans is not None and self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
-            commit = topk_commit(conf, candidate, n_commit.tolist(), floats[THRESHOLD].tolist(), spans)
+            commit = topk_commit(conf, candidate, n_commit.tolist(), floats[THRESHOLD].tolist(), spans, commit)
         new = torch.where(commit, x0, tokens)
         # Write back by position. Window columns past the row's end are not clamped here (the
         # duplicates would race): they land in scratch columns. Padding rows touch the spare row.

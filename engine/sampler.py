@@ -183,6 +183,10 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
     conf = confidences(logits, x0, remask, u_random, conf_dtype)
+    # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
+    # above non-candidates, and every rule below commits at least one candidate per step, so a
+    # request always ends.
+    conf = torch.where(conf.isnan(), torch.full_like(conf, torch.finfo(conf.dtype).min), conf)
     conf = torch.where(candidate, conf, torch.full_like(conf, NEG_INF))
 
     # Rank candidates by confidence; a stable sort breaks ties towards lower positions.
@@ -193,7 +197,7 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     # in the confidences' dtype as the published code compares its tensor with a Python float.
     thr = threshold.to(conf.dtype)[:, None]
     if block_threshold:
-        n_thr = torch.maximum((sorted_conf > thr).sum(-1), k)
+        n_thr = torch.maximum((sorted_conf > thr).sum(-1), k).clamp_min(1)
     else:
         n_thr = (sorted_conf >= thr).sum(-1).clamp_min(1)
     n_commit = torch.where(threshold > 0, n_thr, torch.where(factor > 0, _factor_count(sorted_conf, factor,
@@ -217,14 +221,16 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int
 
 
 def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int], threshold: Seq[float],
-                spans: Seq[tuple[int, int]]) -> torch.Tensor:
+                spans: Seq[tuple[int, int]], stable: torch.Tensor) -> torch.Tensor:
     """The committed positions as the published loops choose them: `torch.topk` over the very
     array they rank (-inf but for the candidates), whose order among tied confidences is its own.
 
     conf, candidate (B, W) over each row's window; n_commit (B,) from `select_tokens` (counts do
     not depend on ties); threshold (B,) > 0 for threshold rows, whose published top-1 is the
     first of topk over every candidate; spans (B,) of (array length, window offset in it).
-    Host-side, one small topk per row: the eager path; CUDA graphs keep the stable order.
+    A row whose candidates are all -inf (NaN confidences) keeps `stable`, the sort's choice, so
+    that it still commits. Host-side, one small topk per row: the eager path; CUDA graphs keep
+    the stable order.
     """
     B, W = conf.shape
     commit = torch.zeros_like(candidate)
@@ -237,13 +243,14 @@ def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int],
         arr = conf.new_full((length,), NEG_INF)
         arr[off:off + width] = conf[r, :width]
         if threshold[r] > 0:
-            first = int(torch.topk(arr, int(n_cand[r])).indices[0]) - off
+            picked = torch.topk(arr, int(n_cand[r])).indices[:1] - off
             row = candidate[r] & (conf[r] >= torch.tensor(threshold[r], dtype=conf.dtype))
-            row[first] = True
         else:
+            picked = torch.topk(arr, int(n_commit[r])).indices - off
             row = torch.zeros(W, dtype=torch.bool, device=conf.device)
-            row[torch.topk(arr, int(n_commit[r])).indices - off] = True
-        commit[r] = row & candidate[r]
+        row[picked[(picked >= 0) & (picked < width)]] = True  # -inf ties may fall outside the window
+        row &= candidate[r]
+        commit[r] = row if int(row.sum()) >= min(n_commit[r], int(n_cand[r])) else stable[r]
     return commit
 
 
@@ -261,7 +268,7 @@ def _factor_count(sorted_conf: torch.Tensor, factor: torch.Tensor, n_cand: torch
     real = sorted_conf > NEG_INF
     passes = ((sorted_conf >= 1 - f / (n + 1)) | (n == 1)) & real  # c decreasing, bound rising: a prefix
     n_pass = passes.sum(-1)
-    fast_dllm = torch.where(n_pass == n_cand - 1, n_cand, n_pass)
+    fast_dllm = torch.where(n_pass == n_cand - 1, n_cand, n_pass).clamp_min(1)
     ok = ((n + 1) * (1 - sorted_conf) < f) & real
     paper = torch.where(ok, n, torch.zeros_like(n)).amax(-1).long().clamp_min(1)
     if rule is None:

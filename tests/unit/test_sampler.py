@@ -175,3 +175,18 @@ def test_unseeded_request_reports_the_seed_it_used(tiny_llm):
     first = tiny_llm.generate([ids], params)[0]
     replay = tiny_llm.generate([ids], SamplingParams(**{**params.__dict__, "seed": first.seed}))[0]
     assert replay.token_ids == first.token_ids
+
+
+def test_nan_confidences_never_stall_a_request(tiny_llm):
+    """Guidance that overflows to NaN logits (a huge but finite cfg_scale) still commits at least one
+    token per step under every rule, so the request ends."""
+    ids = prompt_ids(tiny_llm)
+    for extra in (dict(factor=2.75), dict(threshold=0.9), {}):
+        params = SamplingParams(gen_length=16, steps=8, block_length=2, cfg_scale=3.4e38, seed=0, **extra)
+        seq = tiny_llm.sequence(ids, params)
+        tiny_llm.loop.add(seq)
+        for _ in range(64):
+            if tiny_llm.loop.idle:
+                break
+            tiny_llm.loop.step()
+        assert seq.finished and seq.nfe <= 16
