@@ -46,6 +46,7 @@ KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("stop_token_ids", _ids, "comma-separated token ids that end the output like EOS"),
               ("min_tokens", int, "no stop token in the first N positions"),
               ("logprobs", int, "report each token's log-probability and N alternatives (--json)"),
+              ("n", int, "samples of the prompt, decoded together (sample j: seed + j); one text each"),
               ("cfg_scale", float, "classifier-free guidance scale"),
               ("seed", int, "random seed (default: the server picks and reports one)"))
 
@@ -93,6 +94,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if a.json:
             for snap in client.stream(prompt, **knobs):
                 print(snapshot_json(snap), flush=True)
+        elif (knobs.get("n") or 1) > 1:  # several samples: their final texts, one per line
+            for res in client.sample(prompt, knobs.pop("n"), **knobs):
+                print(res.text)
         elif sys.stdout.isatty() and not a.plain:
             eos = client.model_info().eos_token_id
             view = LiveView(sys.stdout, color=not os.environ.get("NO_COLOR"), stop_ids=frozenset({eos}))

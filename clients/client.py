@@ -45,10 +45,12 @@ def is_loopback(target: str) -> bool:
         return False
 
 
-def _result(last: Optional[Snapshot]) -> Result:
-    if last is None or not last.done:  # the protocol promises a done=true message; say so if not
-        raise CelerisError(grpc.StatusCode.INTERNAL, "Generate stream ended without its done=true message")
-    return Result.from_snapshot(last)
+def _results(finals: list[Snapshot], n: int) -> list[Result]:
+    """One Result per choice, in choice order, from the stream's done=true messages."""
+    by_choice = {s.choice: s for s in finals}
+    if sorted(by_choice) != list(range(n)):  # the protocol promises one per choice; say so if not
+        raise CelerisError(grpc.StatusCode.INTERNAL, "Generate stream ended without a done=true message per choice")
+    return [Result.from_snapshot(by_choice[k]) for k in range(n)]
 
 
 class _Base:
@@ -152,11 +154,12 @@ class CelerisClient(_Base):
 
     def generate(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Result:
         """Run one generation and return its final result (only the last message is sent)."""
+        return self.sample(prompt, 1, timeout=timeout, **knobs)[0]
+
+    def sample(self, prompt: Prompt, n: int, *, timeout: Optional[float] = None, **knobs: Any) -> list[Result]:
+        """n samples of one prompt, decoded together on the server (sample j: seed + j)."""
         knobs.setdefault("stream_mode", "final_only")
-        last = None
-        for last in self.stream(prompt, timeout=timeout, **knobs):
-            pass
-        return _result(last)
+        return _results([s for s in self.stream(prompt, timeout=timeout, n=n, **knobs) if s.done], n)
 
 
 class AsyncCelerisClient(_Base):
@@ -218,8 +221,8 @@ class AsyncCelerisClient(_Base):
             attempt += 1
 
     async def generate(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Result:
+        return (await self.sample(prompt, 1, timeout=timeout, **knobs))[0]
+
+    async def sample(self, prompt: Prompt, n: int, *, timeout: Optional[float] = None, **knobs: Any) -> list[Result]:
         knobs.setdefault("stream_mode", "final_only")
-        last = None
-        async for last in self.stream(prompt, timeout=timeout, **knobs):
-            pass
-        return _result(last)
+        return _results([s async for s in self.stream(prompt, timeout=timeout, n=n, **knobs) if s.done], n)

@@ -29,7 +29,7 @@ FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_P
 SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
-                "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs")
+                "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs", "n")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
 KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
@@ -71,6 +71,7 @@ class Snapshot:
     seed: Optional[int] = None
     elapsed_s: Optional[float] = None
     kv_cache: Optional[str] = None  # what the request decoded over, last snapshot only
+    choice: int = 0  # which sample (n > 1)
 
     @property
     def masked_count(self) -> int:
@@ -91,7 +92,7 @@ class Snapshot:
             committed_confidences=tuple(m.committed_confidences), done=m.done,
             finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
             elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None,
-            kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None)
+            kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None, choice=m.choice)
 
 
 @dataclass(frozen=True)

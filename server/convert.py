@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from google.protobuf.duration_pb2 import Duration
@@ -64,6 +64,24 @@ def proto_violations(exc: InvalidRequest) -> InvalidRequest:
         return PROTO_FIELDS.get(head, head) + bracket + rest
 
     return type(exc)([FieldViolation(path(v.field), v.description) for v in exc.violations])
+
+
+MAX_CHOICES = 16
+
+
+def engine_requests(req: pb.GenerateRequest, defaults: SamplingParams) -> list[Request]:
+    """One engine request per sample (GenerateRequest.n): sample j with seed + j when seeded;
+    ids get a -j suffix when a client id covers several samples."""
+    n = req.n if req.HasField("n") else 1
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequest([FieldViolation("n", f"must be in [1, {MAX_CHOICES}], got {n}")])
+    base = engine_request(req, defaults)
+    if n == 1:
+        return [base]
+    seed = base.params.seed
+    return [replace(base, request_id=f"{base.request_id}-{j}" if base.request_id else "",
+                    params=base.params if seed is None else replace(base.params, seed=(seed + j) % 2**63))
+            for j in range(n)]
 
 
 def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request:

@@ -30,7 +30,7 @@ from server import openai_api
 from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
 from server.guard import Guard
 from server.http_extras import Cors, TokenizerRoutes
-from server.lifecycle import Lifecycle, LiveRequest
+from server.lifecycle import Lifecycle, LiveRequest, merged
 from server.openai_responses import Responder, merge_finals, sse
 
 log = structlog.get_logger("celeris.http")
@@ -318,35 +318,17 @@ class HttpGateway:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
         await resp.prepare(request)
-        queue: asyncio.Queue = asyncio.Queue()
-        end = object()  # each pump's last item
-
-        async def pump(responder: Responder, life: LiveRequest) -> None:
-            try:
-                async for ev in life.events():
-                    chunk = responder.diffusing_chunk(ev) if diffusing else responder.plain_chunk(ev)
-                    if chunk is not None:
-                        queue.put_nowait(chunk)
-            except EngineError as e:  # headers are sent: the error becomes an event
-                queue.put_nowait(openai_api.error_response(e)[1])
-            finally:
-                queue.put_nowait(end)
-
-        pumps = [asyncio.ensure_future(pump(r, life)) for r, life in zip(responders, lives)]
         try:
             try:
-                running = len(pumps)
-                while running:
-                    item = await queue.get()
-                    if item is end:
-                        running -= 1
-                    else:
-                        await resp.write(sse(item))
-                await resp.write(sse("[DONE]"))
-                await resp.write_eof()
-            except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
-                log.info("http.client_gone", request_id=responders[0].request_id)
-        finally:
-            for p in pumps:
-                p.cancel()
+                async for k, ev in merged(lives):
+                    r = responders[k]
+                    chunk = r.diffusing_chunk(ev) if diffusing else r.plain_chunk(ev)
+                    if chunk is not None:
+                        await resp.write(sse(chunk))
+            except EngineError as e:  # headers are sent: the error becomes the last event
+                await resp.write(sse(openai_api.error_response(e)[1]))
+            await resp.write(sse("[DONE]"))
+            await resp.write_eof()
+        except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
+            log.info("http.client_gone", request_id=responders[0].request_id)
         return resp

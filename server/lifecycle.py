@@ -14,6 +14,7 @@ and maps errors through the one table in server/errors.py.
 
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator, Optional
 
 from engine.errors import EngineError
@@ -71,3 +72,38 @@ class LiveRequest:
         if self.stream is not None:
             self.stream.close()
         self.obs.end()
+
+
+async def merged(lives: list[LiveRequest]) -> AsyncIterator[tuple[int, StepEvent]]:
+    """(index, event) of several live requests (one per choice) as their events come; an engine
+    error of any of them is raised here."""
+    if len(lives) == 1:
+        async for ev in lives[0].events():
+            yield 0, ev
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(k: int, life: LiveRequest) -> None:
+        try:
+            async for ev in life.events():
+                queue.put_nowait((k, ev))
+        except EngineError as e:
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(end)
+
+    pumps = [asyncio.ensure_future(pump(k, life)) for k, life in enumerate(lives)]
+    try:
+        running = len(pumps)
+        while running:
+            item = await queue.get()
+            if item is end:
+                running -= 1
+            elif isinstance(item, EngineError):
+                raise item
+            else:
+                yield item
+    finally:
+        for p in pumps:
+            p.cancel()

@@ -13,7 +13,7 @@ from engine.errors import EngineError, InvalidRequest
 from engine.llm import LLM
 from server import convert
 from server.errors import abort
-from server.lifecycle import Lifecycle
+from server.lifecycle import Lifecycle, merged
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -29,31 +29,37 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
-        life = self.lifecycle.start("grpc", GENERATE, _carrier(context), context.peer(), request.prompt)
+        start = lambda: self.lifecycle.start("grpc", GENERATE, _carrier(context), context.peer(),  # noqa: E731
+                                             request.prompt)
+        lives = [start()]
         try:
             try:
                 plan = convert.stream_plan(request)
-                await life.submit(convert.engine_request(request, self.llm.defaults))
+                reqs = convert.engine_requests(request, self.llm.defaults)
+                lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
+                for life, req in zip(lives, reqs):
+                    await life.submit(req)
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
-                life.fail(e)
+                lives[0].fail(e)
                 await abort(context, e)
-            committed: dict[int, float] = {}
+            committed: list[dict[int, float]] = [{} for _ in lives]  # per choice, since its last message
             t0 = time.perf_counter()
             try:
-                async for ev in life.events():
-                    committed.update(zip(ev.committed, ev.confidences))
+                async for k, ev in merged(lives):
+                    committed[k].update(zip(ev.committed, ev.confidences))
                     if not plan.wants(ev):
                         continue
-                    msg = convert.snapshot(ev, self.llm.tokenizer, committed)
-                    committed = {}
+                    msg = convert.snapshot(ev, self.llm.tokenizer, committed[k])
+                    msg.choice, committed[k] = k, {}
                     if ev.finished:
                         convert.finalize(msg, ev, time.perf_counter() - t0, self.llm.tokenizer)
                     yield msg
             except EngineError as e:  # a failed step
                 await abort(context, e)
         finally:
-            life.close()
+            for life in lives:
+                life.close()
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
         return convert.model_info(self.llm, self.served_name)

@@ -115,3 +115,30 @@ async def test_grpc_stop_strings_cut_the_final_text():
         cut = (await collect(stub.Generate(pb.GenerateRequest(**base, stop=[stop]))))[-1]
     assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == pb.FINISH_REASON_STOP
     assert cut.usage.forward_passes < full.usage.forward_passes
+
+
+def test_grpc_n_samples_each_equal_the_single_seeded_request(tiny_llm):
+    with live_server(tiny_llm) as live, CelerisClient(live.grpc_target) as c:
+        samples = c.sample(PROMPT, 3, gen_length=16, steps=8, block_length=8, temperature=1.0, seed=40)
+        assert [r.seed for r in samples] == [40, 41, 42]
+        for r in samples:
+            assert r.text == c.generate(PROMPT, gen_length=16, steps=8, block_length=8, temperature=1.0,
+                                        seed=r.seed).text
+        snaps = list(c.stream(PROMPT, gen_length=16, steps=8, block_length=8, n=2, seed=1))
+        assert sorted(s.choice for s in snaps if s.done) == [0, 1]
+        with pytest.raises(Exception, match="n"):
+            c.generate(PROMPT, n=17)
+
+
+def test_celeris_generate_n_prints_each_sample(tiny_llm):
+    import subprocess
+    import sys
+
+    with live_server(tiny_llm) as live:
+        out = subprocess.run([sys.executable, "-m", "server.cli", "generate", "--server", live.grpc_target, PROMPT,
+                              "--gen-length", "8", "--steps", "8", "--block-length", "8", "--temperature", "1",
+                              "--seed", "3", "--n", "3"], capture_output=True, text=True, timeout=120, check=True)
+        with CelerisClient(live.grpc_target) as c:
+            expected = [r.text for r in c.sample(PROMPT, 3, gen_length=8, steps=8, block_length=8, temperature=1.0,
+                                                 seed=3)]
+    assert out.stdout.splitlines() == expected

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x65leris/v1/generation.proto\x12\nceleris.v1\x1a\x1egoogle/protobuf/duration.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.celeris.v1.ChatMessage\"L\n\rStreamOptions\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.celeris.v1.StreamMode\x12\x15\n\revery_k_steps\x18\x02 \x01(\r\"\x82\x07\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.celeris.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.celeris.v1.ChatMessagesH\x00\x12\x17\n\ngen_length\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05steps\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x19\n\x0c\x62lock_length\x18\x07 \x01(\rH\x03\x88\x01\x01\x12\x18\n\x0btemperature\x18\x08 \x01(\x02H\x04\x88\x01\x01\x12(\n\tremasking\x18\t \x01(\x0e\x32\x15.celeris.v1.Remasking\x12\x16\n\tthreshold\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x13\n\x06\x66\x61\x63tor\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x16\n\tcfg_scale\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\r \x01(\x04H\x08\x88\x01\x01\x12\x31\n\x0estream_options\x18\x0e \x01(\x0b\x32\x19.celeris.v1.StreamOptions\x12%\n\x08kv_cache\x18\x0f \x01(\x0e\x32\x13.celeris.v1.KvCache\x12+\n\x0b\x66\x61\x63tor_rule\x18\x10 \x01(\x0e\x32\x16.celeris.v1.FactorRule\x12&\n\x08schedule\x18\x11 \x01(\x0e\x32\x14.celeris.v1.Schedule\x12\x10\n\x03\x65ps\x18\x12 \x01(\x02H\t\x88\x01\x01\x12\x12\n\x05top_k\x18\x13 \x01(\rH\n\x88\x01\x01\x12\x12\n\x05top_p\x18\x14 \x01(\x02H\x0b\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x15 \x03(\r\x12\x17\n\nignore_eos\x18\x16 \x01(\x08H\x0c\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x17 \x01(\rH\r\x88\x01\x01\x12\x15\n\x08logprobs\x18\x18 \x01(\rH\x0e\x88\x01\x01\x12\x0c\n\x04stop\x18\x19 \x03(\tB\x07\n\x05inputB\r\n\x0b_gen_lengthB\x08\n\x06_stepsB\x0f\n\r_block_lengthB\x0e\n\x0c_temperatureB\x0c\n\n_thresholdB\t\n\x07_factorB\x0c\n\n_cfg_scaleB\x07\n\x05_seedB\x06\n\x04_epsB\x08\n\x06_top_kB\x08\n\x06_top_pB\r\n\x0b_ignore_eosB\r\n\x0b_min_tokensB\x0b\n\t_logprobs\"9\n\x0cTokenLogprob\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\xb4\x01\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06masked\x18\x03 \x01(\x08\x12\x1b\n\x13\x63ommitted_this_step\x18\x04 \x01(\x08\x12\x12\n\nconfidence\x18\x05 \x01(\x02\x12\x14\n\x07logprob\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12.\n\x0ctop_logprobs\x18\x07 \x03(\x0b\x32\x18.celeris.v1.TokenLogprobB\n\n\x08_logprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x16\n\x0e\x66orward_passes\x18\x03 \x01(\r\"\xa1\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0btotal_steps\x18\x03 \x01(\r\x12\x13\n\x0b\x62lock_index\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04text\x18\x06 \x01(\t\x12!\n\x06tokens\x18\x07 \x03(\x0b\x32\x11.celeris.v1.Token\x12\x1b\n\x13\x63ommitted_positions\x18\x08 \x03(\r\x12\x1d\n\x15\x63ommitted_confidences\x18\t \x03(\x02\x12\x0c\n\x04\x64one\x18\n \x01(\x08\x12/\n\rfinish_reason\x18\x0b \x01(\x0e\x32\x18.celeris.v1.FinishReason\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12 \n\x05usage\x18\r \x01(\x0b\x32\x11.celeris.v1.Usage\x12*\n\x07\x65lapsed\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x08kv_cache\x18\x0f \x01(\x0e\x32\x13.celeris.v1.KvCache\"\x15\n\x13GetModelInfoRequest\"a\n\x06Limits\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_gen_length\x18\x02 \x01(\r\x12\x11\n\tmax_batch\x18\x03 \x01(\r\x12\x11\n\tmax_queue\x18\x04 \x01(\r\"\xd9\x01\n\x10SamplingDefaults\x12\x12\n\ngen_length\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x14\n\x0c\x62lock_length\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12(\n\tremasking\x18\x05 \x01(\x0e\x32\x15.celeris.v1.Remasking\x12%\n\x08kv_cache\x18\x06 \x01(\x0e\x32\x13.celeris.v1.KvCache\x12&\n\x08schedule\x18\x07 \x01(\x0e\x32\x14.celeris.v1.Schedule\"\x87\x02\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x17\n\x0fparameter_count\x18\x03 \x01(\x04\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rmask_token_id\x18\x05 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\r\x12\"\n\x06limits\x18\x07 \x01(\x0b\x32\x12.celeris.v1.Limits\x12.\n\x08\x64\x65\x66\x61ults\x18\x08 \x01(\x0b\x32\x1c.celeris.v1.SamplingDefaults\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\"<\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1b\n\x13\x61pply_chat_template\x18\x02 \x01(\x08\"/\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t*\x87\x01\n\tRemasking\x12\x19\n\x15REMASKING_UNSPECIFIED\x10\x00\x12\x1c\n\x18REMASKING_LOW_CONFIDENCE\x10\x01\x12\x14\n\x10REMASKING_RANDOM\x10\x02\x12\x14\n\x10REMASKING_MARGIN\x10\x03\x12\x15\n\x11REMASKING_ENTROPY\x10\x04*r\n\x07KvCache\x12\x18\n\x14KV_CACHE_UNSPECIFIED\x10\x00\x12\x11\n\rKV_CACHE_NONE\x10\x01\x12\x13\n\x0fKV_CACHE_PREFIX\x10\x02\x12\x11\n\rKV_CACHE_DUAL\x10\x03\x12\x12\n\x0eKV_CACHE_EXACT\x10\x04*[\n\nFactorRule\x12\x1b\n\x17\x46\x41\x43TOR_RULE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x41\x43TOR_RULE_FAST_DLLM\x10\x01\x12\x15\n\x11\x46\x41\x43TOR_RULE_PAPER\x10\x02*L\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSCHEDULE_LLADA\x10\x01\x12\x12\n\x0eSCHEDULE_DREAM\x10\x02*\x84\x01\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19STREAM_MODE_EVERY_K_STEPS\x10\x01\x12\x1e\n\x1aSTREAM_MODE_BLOCK_COMPLETE\x10\x02\x12\x1a\n\x16STREAM_MODE_FINAL_ONLY\x10\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32\xf6\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.celeris.v1.GenerateRequest\x1a\x1c.celeris.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.celeris.v1.GetModelInfoRequest\x1a .celeris.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.celeris.v1.TokenizeRequest\x1a\x1c.celeris.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x65leris/v1/generation.proto\x12\nceleris.v1\x1a\x1egoogle/protobuf/duration.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.celeris.v1.ChatMessage\"L\n\rStreamOptions\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.celeris.v1.StreamMode\x12\x15\n\revery_k_steps\x18\x02 \x01(\r\"\x98\x07\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.celeris.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.celeris.v1.ChatMessagesH\x00\x12\x17\n\ngen_length\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05steps\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x19\n\x0c\x62lock_length\x18\x07 \x01(\rH\x03\x88\x01\x01\x12\x18\n\x0btemperature\x18\x08 \x01(\x02H\x04\x88\x01\x01\x12(\n\tremasking\x18\t \x01(\x0e\x32\x15.celeris.v1.Remasking\x12\x16\n\tthreshold\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x13\n\x06\x66\x61\x63tor\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x16\n\tcfg_scale\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\r \x01(\x04H\x08\x88\x01\x01\x12\x31\n\x0estream_options\x18\x0e \x01(\x0b\x32\x19.celeris.v1.StreamOptions\x12%\n\x08kv_cache\x18\x0f \x01(\x0e\x32\x13.celeris.v1.KvCache\x12+\n\x0b\x66\x61\x63tor_rule\x18\x10 \x01(\x0e\x32\x16.celeris.v1.FactorRule\x12&\n\x08schedule\x18\x11 \x01(\x0e\x32\x14.celeris.v1.Schedule\x12\x10\n\x03\x65ps\x18\x12 \x01(\x02H\t\x88\x01\x01\x12\x12\n\x05top_k\x18\x13 \x01(\rH\n\x88\x01\x01\x12\x12\n\x05top_p\x18\x14 \x01(\x02H\x0b\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x15 \x03(\r\x12\x17\n\nignore_eos\x18\x16 \x01(\x08H\x0c\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x17 \x01(\rH\r\x88\x01\x01\x12\x15\n\x08logprobs\x18\x18 \x01(\rH\x0e\x88\x01\x01\x12\x0c\n\x04stop\x18\x19 \x03(\t\x12\x0e\n\x01n\x18\x1a \x01(\rH\x0f\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_gen_lengthB\x08\n\x06_stepsB\x0f\n\r_block_lengthB\x0e\n\x0c_temperatureB\x0c\n\n_thresholdB\t\n\x07_factorB\x0c\n\n_cfg_scaleB\x07\n\x05_seedB\x06\n\x04_epsB\x08\n\x06_top_kB\x08\n\x06_top_pB\r\n\x0b_ignore_eosB\r\n\x0b_min_tokensB\x0b\n\t_logprobsB\x04\n\x02_n\"9\n\x0cTokenLogprob\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\xb4\x01\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06masked\x18\x03 \x01(\x08\x12\x1b\n\x13\x63ommitted_this_step\x18\x04 \x01(\x08\x12\x12\n\nconfidence\x18\x05 \x01(\x02\x12\x14\n\x07logprob\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12.\n\x0ctop_logprobs\x18\x07 \x03(\x0b\x32\x18.celeris.v1.TokenLogprobB\n\n\x08_logprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x16\n\x0e\x66orward_passes\x18\x03 \x01(\r\"\xb1\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0btotal_steps\x18\x03 \x01(\r\x12\x13\n\x0b\x62lock_index\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04text\x18\x06 \x01(\t\x12!\n\x06tokens\x18\x07 \x03(\x0b\x32\x11.celeris.v1.Token\x12\x1b\n\x13\x63ommitted_positions\x18\x08 \x03(\r\x12\x1d\n\x15\x63ommitted_confidences\x18\t \x03(\x02\x12\x0c\n\x04\x64one\x18\n \x01(\x08\x12/\n\rfinish_reason\x18\x0b \x01(\x0e\x32\x18.celeris.v1.FinishReason\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12 \n\x05usage\x18\r \x01(\x0b\x32\x11.celeris.v1.Usage\x12*\n\x07\x65lapsed\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12%\n\x08kv_cache\x18\x0f \x01(\x0e\x32\x13.celeris.v1.KvCache\x12\x0e\n\x06\x63hoice\x18\x10 \x01(\r\"\x15\n\x13GetModelInfoRequest\"a\n\x06Limits\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_gen_length\x18\x02 \x01(\r\x12\x11\n\tmax_batch\x18\x03 \x01(\r\x12\x11\n\tmax_queue\x18\x04 \x01(\r\"\xd9\x01\n\x10SamplingDefaults\x12\x12\n\ngen_length\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x14\n\x0c\x62lock_length\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12(\n\tremasking\x18\x05 \x01(\x0e\x32\x15.celeris.v1.Remasking\x12%\n\x08kv_cache\x18\x06 \x01(\x0e\x32\x13.celeris.v1.KvCache\x12&\n\x08schedule\x18\x07 \x01(\x0e\x32\x14.celeris.v1.Schedule\"\x87\x02\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x17\n\x0fparameter_count\x18\x03 \x01(\x04\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rmask_token_id\x18\x05 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\r\x12\"\n\x06limits\x18\x07 \x01(\x0b\x32\x12.celeris.v1.Limits\x12.\n\x08\x64\x65\x66\x61ults\x18\x08 \x01(\x0b\x32\x1c.celeris.v1.SamplingDefaults\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\"<\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1b\n\x13\x61pply_chat_template\x18\x02 \x01(\x08\"/\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t*\x87\x01\n\tRemasking\x12\x19\n\x15REMASKING_UNSPECIFIED\x10\x00\x12\x1c\n\x18REMASKING_LOW_CONFIDENCE\x10\x01\x12\x14\n\x10REMASKING_RANDOM\x10\x02\x12\x14\n\x10REMASKING_MARGIN\x10\x03\x12\x15\n\x11REMASKING_ENTROPY\x10\x04*r\n\x07KvCache\x12\x18\n\x14KV_CACHE_UNSPECIFIED\x10\x00\x12\x11\n\rKV_CACHE_NONE\x10\x01\x12\x13\n\x0fKV_CACHE_PREFIX\x10\x02\x12\x11\n\rKV_CACHE_DUAL\x10\x03\x12\x12\n\x0eKV_CACHE_EXACT\x10\x04*[\n\nFactorRule\x12\x1b\n\x17\x46\x41\x43TOR_RULE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x41\x43TOR_RULE_FAST_DLLM\x10\x01\x12\x15\n\x11\x46\x41\x43TOR_RULE_PAPER\x10\x02*L\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSCHEDULE_LLADA\x10\x01\x12\x12\n\x0eSCHEDULE_DREAM\x10\x02*\x84\x01\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19STREAM_MODE_EVERY_K_STEPS\x10\x01\x12\x1e\n\x1aSTREAM_MODE_BLOCK_COMPLETE\x10\x02\x12\x1a\n\x16STREAM_MODE_FINAL_ONLY\x10\x03*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32\xf6\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.celeris.v1.GenerateRequest\x1a\x1c.celeris.v1.GenerateResponse0\x01\x12Q\n\x0cGetModelInfo\x12\x1f.celeris.v1.GetModelInfoRequest\x1a .celeris.v1.GetModelInfoResponse\x12\x45\n\x08Tokenize\x12\x1b.celeris.v1.TokenizeRequest\x1a\x1c.celeris.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'celeris.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REMASKING']._serialized_start=2648
-  _globals['_REMASKING']._serialized_end=2783
-  _globals['_KVCACHE']._serialized_start=2785
-  _globals['_KVCACHE']._serialized_end=2899
-  _globals['_FACTORRULE']._serialized_start=2901
-  _globals['_FACTORRULE']._serialized_end=2992
-  _globals['_SCHEDULE']._serialized_start=2994
-  _globals['_SCHEDULE']._serialized_end=3070
-  _globals['_STREAMMODE']._serialized_start=3073
-  _globals['_STREAMMODE']._serialized_end=3205
-  _globals['_FINISHREASON']._serialized_start=3207
-  _globals['_FINISHREASON']._serialized_end=3331
+  _globals['_REMASKING']._serialized_start=2686
+  _globals['_REMASKING']._serialized_end=2821
+  _globals['_KVCACHE']._serialized_start=2823
+  _globals['_KVCACHE']._serialized_end=2937
+  _globals['_FACTORRULE']._serialized_start=2939
+  _globals['_FACTORRULE']._serialized_end=3030
+  _globals['_SCHEDULE']._serialized_start=3032
+  _globals['_SCHEDULE']._serialized_end=3108
+  _globals['_STREAMMODE']._serialized_start=3111
+  _globals['_STREAMMODE']._serialized_end=3243
+  _globals['_FINISHREASON']._serialized_start=3245
+  _globals['_FINISHREASON']._serialized_end=3369
   _globals['_TOKENIDS']._serialized_start=75
   _globals['_TOKENIDS']._serialized_end=98
   _globals['_CHATMESSAGE']._serialized_start=100
@@ -53,27 +53,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMOPTIONS']._serialized_start=205
   _globals['_STREAMOPTIONS']._serialized_end=281
   _globals['_GENERATEREQUEST']._serialized_start=284
-  _globals['_GENERATEREQUEST']._serialized_end=1182
-  _globals['_TOKENLOGPROB']._serialized_start=1184
-  _globals['_TOKENLOGPROB']._serialized_end=1241
-  _globals['_TOKEN']._serialized_start=1244
-  _globals['_TOKEN']._serialized_end=1424
-  _globals['_USAGE']._serialized_start=1426
-  _globals['_USAGE']._serialized_end=1506
-  _globals['_GENERATERESPONSE']._serialized_start=1509
-  _globals['_GENERATERESPONSE']._serialized_end=1926
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1928
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1949
-  _globals['_LIMITS']._serialized_start=1951
-  _globals['_LIMITS']._serialized_end=2048
-  _globals['_SAMPLINGDEFAULTS']._serialized_start=2051
-  _globals['_SAMPLINGDEFAULTS']._serialized_end=2268
-  _globals['_GETMODELINFORESPONSE']._serialized_start=2271
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2534
-  _globals['_TOKENIZEREQUEST']._serialized_start=2536
-  _globals['_TOKENIZEREQUEST']._serialized_end=2596
-  _globals['_TOKENIZERESPONSE']._serialized_start=2598
-  _globals['_TOKENIZERESPONSE']._serialized_end=2645
-  _globals['_GENERATIONSERVICE']._serialized_start=3334
-  _globals['_GENERATIONSERVICE']._serialized_end=3580
+  _globals['_GENERATEREQUEST']._serialized_end=1204
+  _globals['_TOKENLOGPROB']._serialized_start=1206
+  _globals['_TOKENLOGPROB']._serialized_end=1263
+  _globals['_TOKEN']._serialized_start=1266
+  _globals['_TOKEN']._serialized_end=1446
+  _globals['_USAGE']._serialized_start=1448
+  _globals['_USAGE']._serialized_end=1528
+  _globals['_GENERATERESPONSE']._serialized_start=1531
+  _globals['_GENERATERESPONSE']._serialized_end=1964
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1966
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1987
+  _globals['_LIMITS']._serialized_start=1989
+  _globals['_LIMITS']._serialized_end=2086
+  _globals['_SAMPLINGDEFAULTS']._serialized_start=2089
+  _globals['_SAMPLINGDEFAULTS']._serialized_end=2306
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2309
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2572
+  _globals['_TOKENIZEREQUEST']._serialized_start=2574
+  _globals['_TOKENIZEREQUEST']._serialized_end=2634
+  _globals['_TOKENIZERESPONSE']._serialized_start=2636
+  _globals['_TOKENIZERESPONSE']._serialized_end=2683
+  _globals['_GENERATIONSERVICE']._serialized_start=3372
+  _globals['_GENERATIONSERVICE']._serialized_end=3618
 # @@protoc_insertion_point(module_scope)

@@ -90,8 +90,9 @@ class GenerationServiceServicer:
 
     def Generate(self, request, context):
         """Generate runs one request and streams snapshots of its canvas. The stream
-        always ends with exactly one message with done = true that carries
-        finish_reason, seed, usage and elapsed, whatever the stream mode.
+        always ends with exactly one message with done = true per choice (one,
+        unless GenerateRequest.n asks for more) that carries finish_reason, seed,
+        usage and elapsed, whatever the stream mode.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
