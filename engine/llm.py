@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import functools
 import json
 import secrets
 import uuid
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence as Seq, Union
+from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
@@ -37,33 +35,6 @@ EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters
 CHAT_ROLES = ("system", "user", "assistant")
-
-
-INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
-                  "kaiming_normal_", "xavier_uniform_", "xavier_normal_")
-
-
-@contextlib.contextmanager
-def skip_meta_init() -> Iterator[None]:
-    """Skip torch.nn.init on meta tensors while a model is built for loading. The loader builds on
-    the meta device and assigns the checkpoint's tensors, so the random init never reaches a
-    weight; but torch runs it anyway, and the first meta `normal_` imports torch._dynamo (about
-    1 s of `celeris run`'s start-up on a small model). Real tensors are initialized as usual."""
-    saved = {name: getattr(torch.nn.init, name) for name in INIT_FUNCTIONS}
-
-    def skipping(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def init(tensor, *args, **kwargs):
-            return tensor if getattr(tensor, "is_meta", False) else fn(tensor, *args, **kwargs)
-        return init
-
-    for name, fn in saved.items():
-        setattr(torch.nn.init, name, skipping(fn))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
 
 
 @dataclass(frozen=True)
@@ -124,8 +95,7 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder; None means the embedded celeris-tiny."""
         folder = Path(folder) if folder is not None else EMBEDDED_MODEL
-        with skip_meta_init():
-            model = load_model(folder, dtype=config.dtype, device=config.device)
+        model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
 

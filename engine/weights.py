@@ -9,9 +9,12 @@ an error naming the tensor and its file.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -80,6 +83,34 @@ def _split_fused(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[tuple[str
     return [(f"transformer.blocks.{layer}.{p}_proj.{kind}", x) for p, x in zip("qkv", parts)]
 
 
+INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
+                  "kaiming_normal_", "xavier_uniform_", "xavier_normal_")
+
+
+@contextlib.contextmanager
+def skip_meta_init() -> Iterator[None]:
+    """Skip torch.nn.init on meta tensors while `load_model` builds its model. The loader builds on
+    the meta device and assigns the checkpoint's tensors, so the random init never reaches a
+    weight; but torch runs it anyway, and the first meta `normal_` imports torch._dynamo (about
+    1 s of `celeris run`'s start-up on a small model). Real tensors are initialized as usual.
+    (It swaps torch.nn.init's functions for the duration: load models from one thread.)"""
+    saved = {name: getattr(torch.nn.init, name) for name in INIT_FUNCTIONS}
+
+    def skipping(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def init(tensor, *args, **kwargs):
+            return tensor if getattr(tensor, "is_meta", False) else fn(tensor, *args, **kwargs)
+        return init
+
+    for name, fn in saved.items():
+        setattr(torch.nn.init, name, skipping(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -114,7 +145,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         raise ModelLoadError(f"model folder {folder} does not exist")
     cfg = ModelConfig.from_dir(folder)
     torch_dtype = resolve_dtype(dtype)
-    with torch.device("meta"):
+    with torch.device("meta"), skip_meta_init():
         model = MaskPredictor(cfg)
     expected = {name: p.shape for name, p in model.state_dict().items()}
 
