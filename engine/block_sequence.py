@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.sampler import transfer_schedule
-from engine.sequence import FinishReason, Sequence, StepEvent, stop_cut
+from engine.sequence import FinishReason, Sequence, StepEvent
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
 
@@ -48,13 +48,17 @@ class BlockSequence(Sequence):
         return self.total // self.params.block_length - self.first_block
 
     @property
+    def _chunk(self) -> int:
+        """Prompt tokens one prefill step takes: whole blocks, at least one."""
+        b = self.params.block_length
+        return max(b, self.prefill_chunk // b * b)
+
+    @property
     def window(self) -> tuple[int, int]:
         """Absolute [start, end) of this step's fresh positions."""
         b = self.params.block_length
         if self.phase == PREFILL:
-            target = self.first_block * b
-            step = max(b, self.prefill_chunk // b * b)
-            return self.prefilled, min(target, self.prefilled + step)
+            return self.prefilled, min(self.first_block * b, self.prefilled + self._chunk)
         return self.block * b, (self.block + 1) * b
 
     @property
@@ -68,14 +72,13 @@ class BlockSequence(Sequence):
         """Forwards planned: the prefill chunks, each decoded block's steps (at most one per
         position under a threshold), and a store forward between blocks."""
         b = self.params.block_length
-        chunk = max(b, self.prefill_chunk // b * b)
-        prefill = -(-self.first_block * b // chunk)
+        prefill = -(-self.first_block * b // self._chunk)
         per_block = b if self.params.adaptive else self.params.steps_per_block
         return prefill + self.decode_blocks * per_block + self.decode_blocks - 1
 
-    def generated(self) -> list[int]:
-        out = self.canvas[:self.params.gen_length]
-        return out[:stop_cut(out, self.stop_ids, self.mask_id)][:self.stop_len]
+    @property
+    def output(self) -> list[int]:
+        return self.canvas[:self.params.gen_length]
 
     @property
     def kv_cache(self) -> str:
@@ -89,7 +92,7 @@ class BlockSequence(Sequence):
         else:  # after a finished block (stored next) its positions are final too
             current = self.block + (1 if self.phase == STORE else 0)
             settled = min(G, max(0, current * b - P))
-        return tuple(self.canvas[:G]), self.decode_blocks, settled
+        return tuple(self.output), self.decode_blocks, settled
 
     # ------------------------------------------------------------------ progress
 

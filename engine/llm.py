@@ -21,7 +21,7 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import FieldViolation, InvalidRequest, ModelLoadError, clip
 from engine.model import MaskPredictor, count_parameters
-from engine.params import SamplingParams
+from engine.params import MAX_SEED, SamplingParams
 from engine.block_runner import BlockRunner
 from engine.block_sequence import BlockSequence
 from engine.runner import Runner
@@ -47,6 +47,17 @@ class Request:
     messages: Optional[Seq[dict]] = None
     params: Optional[SamplingParams] = None  # None: the model's defaults
     request_id: str = ""  # empty: one is made up
+
+    def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
+        """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
+        equals the single request with that seed; unseeded, the engine picks each seed); with
+        `numbered`, a client id becomes id-k for k = first + j."""
+        seed = None if self.params is None else self.params.seed
+        return [replace(self, request_id=f"{self.request_id}-{first + j}" if numbered and self.request_id
+                        else self.request_id,
+                        params=self.params if seed is None or j == 0 else
+                        replace(self.params, seed=(seed + j) % (MAX_SEED + 1)))
+                for j in range(n)]
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,10 @@ class LLM:
         """No text longer than this can fit in max_prompt_tokens, so it is refused untokenized."""
         return self.config.max_prompt_tokens * self.tokenizer.max_token_chars
 
+    def _too_long(self, field: str, what: str, chars: int) -> FieldViolation:
+        return FieldViolation(field, f"{what} {chars} characters; the limit is {self.config.max_prompt_tokens} "
+                                     f"tokens ({self.max_prompt_chars} characters)")
+
     def _check_size(self, req: Request) -> list[FieldViolation]:
         """Limits that need no tokenizing, checked first so an oversized input costs nothing."""
         v: list[FieldViolation] = []
@@ -127,8 +142,7 @@ class LLM:
             elif not req.prompt:
                 v.append(FieldViolation("prompt", "must not be empty"))
             elif len(req.prompt) > limit:
-                v.append(FieldViolation(
-                    "prompt", f"is {len(req.prompt)} characters; the limit is {tokens} tokens ({limit} characters)"))
+                v.append(self._too_long("prompt", "is", len(req.prompt)))
         elif req.token_ids is not None:
             if not req.token_ids:
                 v.append(FieldViolation("token_ids", "must not be empty"))
@@ -155,8 +169,7 @@ class LLM:
             else:
                 total += len(content)
         if total > self.max_prompt_chars:
-            v.append(FieldViolation("messages", f"content is {total} characters; the limit is "
-                                                f"{self.config.max_prompt_tokens} tokens ({self.max_prompt_chars} characters)"))
+            v.append(self._too_long("messages", "content is", total))
         return v
 
     def _encode(self, req: Request) -> tuple[list[int], str]:
@@ -207,8 +220,7 @@ class LLM:
     def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
         """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""
         if len(text) > self.max_prompt_chars:
-            raise InvalidRequest([FieldViolation("text", f"is {len(text)} characters; the limit is "
-                                                 f"{self.config.max_prompt_tokens} tokens ({self.max_prompt_chars} characters)")])
+            raise InvalidRequest([self._too_long("text", "is", len(text))])
         if chat:
             ids = self.tokenizer.encode_chat([{"role": "user", "content": text}])
         else:
@@ -298,9 +310,9 @@ class LLM:
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()
-        lps = tuple(seq.token_logprobs.get(i, (0.0, ())) for i in range(len(ids))) if seq.token_logprobs else ()
         return Result(seq.request_id, self.tokenizer.decode_cut(ids, seq.stop_text), ids, seq.nfe,
-                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt), lps)
+                      seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt),
+                      seq.generated_logprobs(len(ids)))
 
     # ------------------------------------------------------------------ offline
 

@@ -22,7 +22,6 @@ import torch
 from engine.cache import KVCacheStore
 from engine.config import EngineConfig
 from engine.model import MaskPredictor
-from engine.params import KV_CACHE_MODES
 from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
 from engine.sequence import Sequence
 

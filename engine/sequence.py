@@ -128,10 +128,23 @@ class Sequence:
         """Model calls spent on this request: one per step, two with classifier-free guidance."""
         return self.nfe * (2 if self.params.cfg_scale > 0 else 1)
 
+    @property
+    def output(self) -> list[int]:
+        """The canvas positions that are the request's output (block models decode past them)."""
+        return self.canvas
+
+    def _cut(self, ids):
+        """`ids` up to the first stop token (dropped) or through the token that completed a stop
+        string: the one rule for what was generated."""
+        return ids[:stop_cut(ids, self.stop_ids, self.mask_id)][:self.stop_len]
+
     def generated(self) -> list[int]:
-        """Generated ids up to the first stop token (which is dropped) or through the token that
-        completed a stop string."""
-        return self.canvas[:stop_cut(self.canvas, self.stop_ids, self.mask_id)][:self.stop_len]
+        return self._cut(self.output)
+
+    def generated_logprobs(self, n: int) -> tuple:
+        """(logprob, top alternatives) of the first n generated positions; () unless asked."""
+        lp = self.token_logprobs
+        return tuple(lp.get(i, (0.0, ())) for i in range(n)) if lp else ()
 
     @property
     def kv_cache(self) -> str:
@@ -152,10 +165,10 @@ class Sequence:
         p = self.params
         block = self.block if block is None else block
         canvas, num_blocks, settled = self._view(block, block_complete)
-        generated = canvas[:stop_cut(canvas, self.stop_ids, self.mask_id)][:self.stop_len]
+        generated = self._cut(canvas)
         lp = self.token_logprobs
         committed_lp = tuple(lp[c] for c in committed if c in lp) if lp else ()
-        all_lp = tuple(lp.get(i, (0.0, ())) for i in range(len(generated))) if lp and self.finished else ()
+        all_lp = self.generated_logprobs(len(generated)) if self.finished else ()
         return StepEvent(
             request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
             num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,

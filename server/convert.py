@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from google.protobuf.duration_pb2 import Duration
@@ -75,13 +75,7 @@ def engine_requests(req: pb.GenerateRequest, defaults: SamplingParams) -> list[R
     n = req.n if req.HasField("n") else 1
     if not 1 <= n <= MAX_CHOICES:
         raise InvalidRequest([FieldViolation("n", f"must be in [1, {MAX_CHOICES}], got {n}")])
-    base = engine_request(req, defaults)
-    if n == 1:
-        return [base]
-    seed = base.params.seed
-    return [replace(base, request_id=f"{base.request_id}-{j}" if base.request_id else "",
-                    params=base.params if seed is None else replace(base.params, seed=(seed + j) % 2**63))
-            for j in range(n)]
+    return engine_request(req, defaults).samples(n, numbered=n > 1)
 
 
 def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from engine.errors import FieldViolation, InvalidRequest, clip
@@ -189,34 +189,19 @@ def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
     return out
 
 
-def fit_schedule(gen_length: int, d: SamplingParams, block: Optional[int] = None) -> tuple[int, int]:
-    """(block_length, steps) for a client-chosen gen_length: `engine.params.fit_lengths`, the one
-    rule every surface uses."""
-    p = fit_lengths(d, {"gen_length": gen_length} | ({} if block is None else {"block_length": block}))
-    return p.block_length, p.steps
-
-
-def engine_request(req: GatewayRequest, request_id: str) -> Request:
-    return engine_requests(req, request_id)[0]
-
-
 def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
     """One engine request per choice, prompt-major (choice index = prompt index * n + sample):
     samples of a prompt get seeds seed, seed+1, ... (the engine picks and reports them when
     unset); ids get a -k suffix when a client id covers several choices."""
-    out = []
+    numbered, out = len(req.prompts) * req.n > 1, []
     for i, prompt in enumerate(req.prompts):
-        for j in range(req.n):
-            k = i * req.n + j
-            params = req.params if req.params.seed is None or j == 0 else \
-                replace(req.params, seed=(req.params.seed + j) % (MAX_SEED + 1))
-            rid = f"{request_id}-{k}" if request_id and len(req.prompts) * req.n > 1 else request_id
-            if req.chat:
-                out.append(Request(messages=req.messages, params=params, request_id=rid))
-            elif isinstance(prompt, str):
-                out.append(Request(prompt=prompt, params=params, request_id=rid))
-            else:
-                out.append(Request(token_ids=prompt, params=params, request_id=rid))
+        if req.chat:
+            one = Request(messages=req.messages, params=req.params, request_id=request_id)
+        elif isinstance(prompt, str):
+            one = Request(prompt=prompt, params=req.params, request_id=request_id)
+        else:
+            one = Request(token_ids=prompt, params=req.params, request_id=request_id)
+        out += one.samples(req.n, first=i * req.n, numbered=numbered)
     return out
 
 
@@ -364,5 +349,5 @@ def error_response(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
 
 
 __all__ = ["GatewayRequest", "TokenizeRequest", "parse_request", "parse_tokenize", "parse_detokenize",
-           "model_not_found", "engine_request", "rename_fields", "fit_schedule", "error_body",
+           "model_not_found", "engine_requests", "rename_fields", "error_body",
            "error_response"]

@@ -6,13 +6,20 @@ import pytest
 
 from engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
 from engine.params import SamplingParams
-from server.openai_api import fit_schedule, error_response, parse_request, rename_fields
+from engine.params import fit_lengths
+from server.openai_api import error_response, parse_request, rename_fields
 
 D = SamplingParams(gen_length=64, steps=64, block_length=32)
 
 
 def parse(body, chat=False):
     return parse_request(body, D, chat)
+
+
+def fit_schedule(gen_length, d, block=None):
+    """max_tokens given alone (or with a block): what the gateway fits, through fit_lengths."""
+    p = fit_lengths(d, {"gen_length": gen_length} | ({} if block is None else {"block_length": block}))
+    return p.block_length, p.steps
 
 
 @pytest.mark.parametrize("gen, expected", [(64, (32, 64)), (16, (16, 16)), (96, (32, 96)), (40, (20, 40)),
@@ -109,12 +116,12 @@ def test_stop_and_logprobs_map_onto_the_engine():
 
 def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
     """The gateway only maps; the engine's request builder validates roles, as for gRPC."""
-    from server.openai_api import engine_request
+    from server.openai_api import engine_requests
 
     req = parse({"messages": [{"role": "robot", "content": "x"}, {"role": "user",
                               "content": [{"type": "text", "text": 5}]}]}, chat=True)
     with pytest.raises(InvalidRequest) as e:
-        tiny_llm.build(engine_request(req, ""))
+        tiny_llm.build(engine_requests(req, "")[0])
     assert [v.field for v in e.value.violations] == ["messages[0].role", "messages[1].content"]
 
 
