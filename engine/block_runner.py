@@ -44,6 +44,17 @@ class BlockRunner:
         self.use_graphs = False  # the MoE expert loop and per-row spans are data-dependent: eager
         self.forward_passes = 0
 
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    @staticmethod
+    def row_tokens(s: BlockSequence) -> int:
+        """Fresh columns of this row's next forward, plus its cached context at a 1/32 weight
+        (attention reads it): the scheduler's cost estimate."""
+        start, end = s.window
+        return end - start + start // 32
+
     def load(self, seq: BlockSequence) -> None:
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
         row[:len(seq.prompt)] = torch.tensor(seq.prompt)

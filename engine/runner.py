@@ -115,6 +115,19 @@ class Runner:
                 self.kv = KVCacheStore(self.model.cfg, self.slots + 1, self.max_len, self.device, self.model.dtype)
         return self.kv
 
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    def row_tokens(self, s: Sequence) -> int:
+        """Columns this row's next forward computes (twice with CFG): the scheduler's cost estimate."""
+        mode, _ = self._plan(s)
+        if mode.startswith("cached-prefix"):
+            return s.params.gen_length - s.block_start + 1
+        if mode.startswith("cached-dual"):
+            return s.params.block_length + 1
+        return s.length * (2 if mode == "cfg" else 1)
+
     def load(self, seq: Sequence) -> None:
         """Write a new request's prompt + masked canvas into its slot (right-aligned)."""
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)

@@ -1,10 +1,12 @@
 """Admission, per-request state and the step loop.
 
 `StepLoop` is the synchronous core shared by the offline engine and the server: requests wait
-in a bounded queue, join the running batch when a slot frees, and leave it between steps.
+in a bounded queue, join the running batch when a slot frees, and leave it between steps. Each
+step runs one forward for one group of like-length running requests (engine/batching.py), so
+a short request never pays for a long one's padding.
 `Scheduler` drives one `StepLoop` from asyncio: the forward runs in a worker thread so the event
 loop keeps serving RPCs, and each request's step events go to its own `RequestStream`. One loop,
-one forward per step for every running request — never one forward per request.
+batched forwards over the running requests — never one forward per request.
 
 `submit` admits eagerly: a full queue, too many open streams, draining or a duplicate id raise
 there, before a stream exists, so no front door sees admission errors arrive through a stream.
@@ -22,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from engine.batching import Picker, partition
 from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
 from engine.runner import Runner, StepStats
 from engine.sequence import Sequence, StepEvent
@@ -39,9 +42,13 @@ class StepRecord:
 
 
 class StepLoop:
-    def __init__(self, runner: Runner, max_queue: int):
+    def __init__(self, runner: Runner, max_queue: int, overhead: Optional[float] = None, max_skips: int = 16):
         self.runner = runner
         self.max_queue = max_queue
+        # What one more forward costs, in tokens of padding it would save: the grouping's price.
+        self.overhead = overhead if overhead is not None else getattr(runner, "forward_overhead_tokens", 256)
+        self._row_tokens: Callable[[Sequence], int] = getattr(runner, "row_tokens", lambda s: s.length)
+        self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -90,14 +97,27 @@ class StepLoop:
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
 
+    def _remaining(self, seq: Sequence) -> float:
+        """Work left: steps left (the planned worst case for adaptive rules) x tokens per step."""
+        return max(1, seq.total_steps - seq.nfe) * self._row_tokens(seq)
+
+    def next_batch(self) -> list[Sequence]:
+        """The running requests that step now: one group of like-length rows (engine/batching.py)."""
+        groups = partition(self.running, self._row_tokens, self.overhead)
+        return (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
+
     def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
-        """Admit, run one batched forward + selection, apply results, retire finished requests."""
+        """Admit, run one batched forward + selection for the group that steps, apply results,
+        retire finished requests."""
         self._admit()
         if not self.running:
             return [], None
-        batch = list(self.running)
+        batch = self.next_batch()
         started = time.time()
         results, stats = self.runner.step(batch)
+        stepped = set(map(id, batch))
+        for seq in self.running:
+            seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
         events = [seq.apply(r.positions, r.tokens, r.confidences, r.logprobs) for seq, r in zip(batch, results)]
         for seq in batch:
             if seq.finished:

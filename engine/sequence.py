@@ -90,6 +90,7 @@ class Sequence:
     find_stop_text: Optional[Callable[[list[int]], Optional[tuple[int, str]]]] = field(default=None, repr=False)
     stop_len: Optional[int] = None  # generated ids kept after a stop string (through its last token)
     stop_text: str = ""  # the stop string that ended the output
+    skipped: int = 0  # steps in a row the scheduler ran without this request
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length

@@ -1,0 +1,104 @@
+"""No head-of-line padding: the grouping of running requests and the choice of which group steps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine.batching import Group, Picker, partition
+from engine.config import EngineConfig
+from engine.llm import LLM
+
+
+def test_partition_keeps_like_lengths_together_and_splits_far_ones():
+    rows = [24, 30, 1024, 28, 1000]
+    groups = partition(rows, lambda r: r, overhead=256)
+    assert [g.rows for g in groups] == [[24, 28, 30], [1000, 1024]]
+    assert [g.tokens for g in groups] == [30, 1024]
+
+
+def test_partition_is_one_forward_when_padding_costs_less_than_another_forward():
+    assert len(partition([40, 80, 64], lambda r: r, overhead=256)) == 1
+    # The same rows with a cheap forward: separate groups win.
+    assert len(partition([40, 80], lambda r: r, overhead=1)) == 2
+
+
+def test_partition_is_the_cheapest_contiguous_grouping():
+    import itertools
+
+    rows = [5, 9, 40, 41, 300, 310, 900]
+    best = min(
+        sum(256 + len(g) * max(g) for g in _split(rows, cuts))
+        for k in range(len(rows)) for cuts in itertools.combinations(range(1, len(rows)), k))
+    assert sum(g.cost(256) for g in partition(rows, lambda r: r, 256)) == best
+
+
+def _split(rows, cuts):
+    bounds = [0, *cuts, len(rows)]
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+class Row:
+    def __init__(self, remaining: float = 0.0, skipped: int = 0):
+        self.remaining, self.skipped = remaining, skipped
+
+
+def test_picker_prefers_the_group_with_least_work_left_and_bounds_starvation():
+    pick = Picker(lambda r: r.remaining, lambda r: r.skipped, max_skips=4).pick
+    old, new = Group([Row(remaining=64 * 1024)], 1024), Group([Row(remaining=16 * 24)], 24)
+    assert pick([old, new]) is new
+    old.rows[0].skipped = 4
+    assert pick([old, new]) is old
+
+
+@pytest.fixture
+def llm(tiny_model_dir):
+    # Overhead 64 tokens: a 16-token request and a 200-token one do not share a forward.
+    return LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_prompt_tokens=256, max_gen_length=64,
+                                                 forward_overhead_tokens=64))
+
+
+def _run(llm, seqs):
+    """Step until every sequence finishes; return each request's finishing step index and the
+    batches run (request ids per step)."""
+    for s in seqs:
+        llm.loop.add(s, bounded=False)
+    batches, done = [], {}
+    while not llm.loop.idle:
+        events, record = llm.loop.step()
+        batches.append(record.request_ids)
+        for ev in events:
+            if ev.finished:
+                done[ev.request_id] = len(batches)
+    return done, batches
+
+
+def test_a_short_request_beside_a_long_one_steps_without_it(llm):
+    p = replace(llm.defaults, gen_length=16, steps=16, block_length=8, seed=0)
+    long_prompt = list(range(10, 200))
+    long = llm.sequence(long_prompt, replace(p, gen_length=64, steps=64), request_id="long")
+    short = llm.sequence([1, 40, 41], p, request_id="short")
+    done, batches = _run(llm, [long, short])
+    # The short request stepped in forwards of its own, ahead of the long one (least work left):
+    # it finished after its own 16 steps, at most one of them beside a forced long step.
+    assert all(ids == ("short",) or ids == ("long",) for ids in batches)
+    assert done["short"] <= 16 + 1
+    assert sum(ids == ("long",) for ids in batches) == 64
+
+
+def test_grouping_changes_no_tokens(llm, tiny_model_dir):
+    """Rows are batch-invariant on CPU, so who shares a forward never changes what is generated."""
+    p = replace(llm.defaults, gen_length=16, steps=16, block_length=8, seed=0)
+    prompts = [[1, 40, 41], list(range(10, 200)), [1, 50, 51, 52]]
+    together = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_prompt_tokens=256, max_gen_length=64,
+                                                     forward_overhead_tokens=10**9))
+    a = [llm.result(s).token_ids for s in _finished(llm, prompts, p)]
+    b = [together.result(s).token_ids for s in _finished(together, prompts, p)]
+    assert a == b
+
+
+def _finished(llm, prompts, p):
+    seqs = [llm.sequence(x, p, request_id=str(i)) for i, x in enumerate(prompts)]
+    _run(llm, seqs)
+    return seqs
