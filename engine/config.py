@@ -90,12 +90,27 @@ class ModelConfig:
         return self.arch == "dream"
 
     def to_json(self) -> dict[str, Any]:
-        """LLaDA-style keys, which is the format celeris writes (full-canvas models only)."""
+        """LLaDA-style keys for full-canvas models, SDAR's published keys for SDAR models: the
+        formats celeris writes (celeris-tiny and celeris-tiny-block)."""
+        if self.arch == "sdar":
+            return self._sdar_json()
         if self.family == "block":
-            raise ModelLoadError("celeris writes block-diffusion models in their published format only")
+            raise ModelLoadError("celeris writes block-diffusion models in SDAR's format only")
         d = {k: v for k, v in asdict(self).items() if k in _LLADA_KEYS}
         d["architectures"] = ["LLaDAModelLM"] if self.arch == "llada" else ["DreamModel"]
         return d
+
+    def _sdar_json(self) -> dict[str, Any]:
+        return {
+            "architectures": ["SDARForCausalLM"], "model_type": "sdar", "name": self.name,
+            "hidden_size": self.d_model, "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
+            "num_hidden_layers": self.n_layers, "intermediate_size": self.mlp_hidden_size, "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "rope_theta": self.rope_theta, "rope_scaling": None,
+            "rms_norm_eps": self.rms_norm_eps, "mask_token_id": self.mask_token_id, "eos_token_id": self.eos_token_id,
+            "tie_word_embeddings": self.weight_tying, "attention_bias": self.qkv_bias, "hidden_act": "silu",
+            "max_position_embeddings": self.max_sequence_length, "block_size": self.block_length,
+            "use_sliding_window": False, "torch_dtype": "float32",
+        }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], name: str = "model") -> ModelConfig:

@@ -31,6 +31,17 @@ from engine.tokenizer import Tokenizer
 from engine.weights import load_model
 
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
+# The models shipped inside the package, loadable by name (`--model celeris-tiny-block`).
+EMBEDDED_MODELS = {name: EMBEDDED_MODEL.parent / name for name in ("celeris-tiny", "celeris-tiny-block")}
+
+
+def model_folder(model: Optional[Union[str, Path]]) -> Path:
+    """A checkpoint folder, or the embedded model of that name (a folder of the name wins)."""
+    if model is None:
+        return EMBEDDED_MODEL
+    if str(model) in EMBEDDED_MODELS and not Path(model).exists():
+        return EMBEDDED_MODELS[str(model)]
+    return Path(model)
 
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters
@@ -104,8 +115,8 @@ class LLM:
     @classmethod
     def load(cls, folder: Optional[Union[str, Path]] = None, config: EngineConfig = EngineConfig(),
              defaults: Optional[SamplingParams] = None) -> LLM:
-        """Load a checkpoint folder; None means the embedded celeris-tiny."""
-        folder = Path(folder) if folder is not None else EMBEDDED_MODEL
+        """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
+        folder = model_folder(folder)
         model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
@@ -332,4 +343,4 @@ class LLM:
         return self.generate([prompt], params)[0]
 
 
-__all__ = ["LLM", "Request", "Result", "StepEvent", "EMBEDDED_MODEL", "CHAT_ROLES", "MAX_REQUEST_ID"]
+__all__ = ["LLM", "Request", "Result", "StepEvent", "EMBEDDED_MODEL", "EMBEDDED_MODELS", "model_folder", "CHAT_ROLES", "MAX_REQUEST_ID"]

@@ -175,11 +175,37 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     return model.eval().requires_grad_(False)
 
 
+# Our names -> SDAR's (Qwen3's) published names, for writing celeris-tiny-block.
+_SDAR_NAMES = [
+    (r"^transformer\.wte\.", "model.embed_tokens."),
+    (r"^transformer\.ln_f\.", "model.norm."),
+    (r"^transformer\.ff_out\.", "lm_head."),
+    (r"^transformer\.blocks\.(\d+)\.([qk])_norm\.", r"model.layers.\1.self_attn.\2_norm."),
+    (r"^transformer\.blocks\.(\d+)\.([qkv])_proj\.", r"model.layers.\1.self_attn.\2_proj."),
+    (r"^transformer\.blocks\.(\d+)\.attn_out\.", r"model.layers.\1.self_attn.o_proj."),
+    (r"^transformer\.blocks\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^transformer\.blocks\.(\d+)\.ff_norm\.", r"model.layers.\1.post_attention_layernorm."),
+    (r"^transformer\.blocks\.(\d+)\.ff_proj\.", r"model.layers.\1.mlp.gate_proj."),
+    (r"^transformer\.blocks\.(\d+)\.up_proj\.", r"model.layers.\1.mlp.up_proj."),
+    (r"^transformer\.blocks\.(\d+)\.ff_out\.", r"model.layers.\1.mlp.down_proj."),
+]
+
+
+def _sdar_name(name: str) -> str:
+    for pattern, repl in _SDAR_NAMES:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    raise ModelLoadError(f"no SDAR name for parameter {name}")
+
+
 def save_model(model: MaskPredictor, folder: str | Path, extra_config: dict | None = None) -> None:
-    """Write config.json + model.safetensors in LLaDA naming (what celeris-tiny ships as)."""
+    """Write config.json + model.safetensors: LLaDA naming for full-canvas models (celeris-tiny),
+    SDAR's published naming for SDAR models (celeris-tiny-block)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.cfg.to_json() | (extra_config or {})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    rename = _sdar_name if model.cfg.arch == "sdar" else (lambda k: f"model.{k}")
+    tensors = {rename(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -13,9 +13,9 @@ from server.cli_args import add_model_args, engine_config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from engine.training.train import train
+    from engine.training.train import run
 
-    train(a.out, a.steps, seed=a.seed, small=a.small, cache_dir=a.cache_dir, threads=a.threads)
+    run(a)
     return 0
 
 

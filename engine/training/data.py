@@ -1,9 +1,9 @@
 """Tokenizer training and batches for celeris-tiny.
 
 Text: Jane Austen's paragraphs, each as `<|bos|> paragraph <|eos|>`, packed into one stream and
-cut into random fixed-length windows (pretraining). Skill: `<|bos|>37+45=` followed by the
-answer and EOS padding to SKILL_GEN_LENGTH (supervised: only the answer region is ever masked,
-as in LLaDA's SFT, so the model learns to fill a masked answer and pad it with EOS).
+cut into random fixed-length windows (pretraining). Supervised: `tasks.TaskMaker`'s examples
+(continuations, additions, chat turns), responses EOS-padded to a drawn canvas length; only the
+response is ever masked, as in LLaDA's SFT, so the model learns to answer and then pad with EOS.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from engine.config import ModelConfig
+from engine.tokenizer import DEFAULT_CHAT_TEMPLATE
+from engine.tokenizer import Tokenizer as ServedTokenizer
+from engine.training.tasks import Example, TaskMaker
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
@@ -36,30 +41,50 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
+TOKENIZER_CONFIG = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>",
+                    "add_bos_token": True, "chat_template": DEFAULT_CHAT_TEMPLATE}
+
+
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>",
-        "add_bos_token": True,
-    }, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
 
 
 @dataclass
 class Batches:
-    """Random training batches from a packed text stream and a list of skill examples."""
+    """Training batches: random windows of a packed text stream (pretraining), and supervised
+    examples with EOS-padded responses (`tasks.TaskMaker`). Each is (ids, real, maskable), all
+    (B, L): real is False at left padding, maskable marks what the loss may mask."""
 
     stream: torch.Tensor  # (N,) token ids of all training paragraphs
-    skill: torch.Tensor  # (M, Ls) skill examples, equal length
-    skill_prompt_len: torch.Tensor  # (M,) tokens before the answer region
+    tasks: TaskMaker
     rng: torch.Generator
 
-    def text(self, batch: int, seq_len: int) -> torch.Tensor:
+    def text(self, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         starts = torch.randint(0, len(self.stream) - seq_len, (batch,), generator=self.rng)
-        return torch.stack([self.stream[s:s + seq_len] for s in starts.tolist()])  # (B, L)
+        x = torch.stack([self.stream[s:s + seq_len] for s in starts.tolist()])  # (B, L)
+        real = torch.ones_like(x, dtype=torch.bool)
+        return x, real, real
 
-    def skills(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.randint(0, len(self.skill), (batch,), generator=self.rng)
-        return self.skill[idx], self.skill_prompt_len[idx]
+    def supervised(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """About `tokens` tokens of examples, all of one canvas length (drawn per batch)."""
+        canvas = self.tasks.canvas()
+        examples = [self.tasks.example(canvas)]
+        while (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
+            examples.append(self.tasks.example(canvas))
+        return pack(examples, PAD_ID)
+
+
+def pack(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad [prompt | response] rows to one width; only responses are maskable."""
+    width = max(len(e.prompt) for e in examples) + len(examples[0].response)
+    rows, real, maskable = [], [], []
+    for e in examples:
+        n_pad = width - len(e.prompt) - len(e.response)
+        rows.append([pad_id] * n_pad + e.prompt + e.response)
+        real.append([False] * n_pad + [True] * (len(e.prompt) + len(e.response)))
+        maskable.append([False] * (n_pad + len(e.prompt)) + [True] * len(e.response))
+    return torch.tensor(rows), torch.tensor(real), torch.tensor(maskable)
 
 
 def encode_paragraphs(tok: Tokenizer, paragraphs: list[str]) -> torch.Tensor:
@@ -67,20 +92,6 @@ def encode_paragraphs(tok: Tokenizer, paragraphs: list[str]) -> torch.Tensor:
     for enc in tok.encode_batch(paragraphs, add_special_tokens=False):
         out += [BOS_ID, *enc.ids, EOS_ID]
     return torch.tensor(out, dtype=torch.long)
-
-
-def encode_skill(tok: Tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad every example's answer with EOS to SKILL_GEN_LENGTH and left-pad prompts to one length."""
-    rows, plens = [], []
-    prompt_ids = [[BOS_ID, *tok.encode(p, add_special_tokens=False).ids] for p, _ in pairs]
-    width = max(len(p) for p in prompt_ids)
-    for (prompt, answer), p in zip(pairs, prompt_ids):
-        a = tok.encode(answer, add_special_tokens=False).ids
-        a = a + [EOS_ID] * (SKILL_GEN_LENGTH - len(a))
-        # Left padding keeps the answer at a fixed offset; pad tokens are just more context.
-        rows.append([PAD_ID] * (width - len(p)) + p + a[:SKILL_GEN_LENGTH])
-        plens.append(width)
-    return torch.tensor(rows), torch.tensor(plens)
 
 
 def split_paragraphs(novels: dict[str, list[str]], every: int = 50) -> tuple[list[str], list[str]]:
@@ -92,8 +103,18 @@ def split_paragraphs(novels: dict[str, list[str]], every: int = 50) -> tuple[lis
     return train, held
 
 
-def make_batches(tok: Tokenizer, paragraphs: list[str], pairs: list[tuple[str, str]], seed: int) -> Batches:
-    paragraphs = list(paragraphs)
+def split_by_novel(novels: dict[str, list[str]], every: int = 50) -> dict[str, list[str]]:
+    """The training paragraphs of each novel (the same split as `split_paragraphs`)."""
+    return {title: [p for i, p in enumerate(ps) if i % every != every - 1] for title, ps in novels.items()}
+
+
+def make_batches(tok: Tokenizer, novels: dict[str, list[str]], seed: int) -> Batches:
+    train = split_by_novel(novels)
+    paragraphs = [p for ps in train.values() for p in ps]
     random.Random(seed).shuffle(paragraphs)
-    skill, plen = encode_skill(tok, pairs)
-    return Batches(encode_paragraphs(tok, paragraphs), skill, plen, torch.Generator().manual_seed(seed))
+    served = ServedTokenizer(tok, ModelConfig(vocab_size=tok.get_vocab_size(), embedding_size=tok.get_vocab_size(),
+                                              mask_token_id=MASK_ID, eos_token_id=EOS_ID), TOKENIZER_CONFIG)
+    encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    chat = lambda q: served.encode_chat([{"role": "user", "content": q}])  # noqa: E731
+    maker = TaskMaker(encode, chat, BOS_ID, EOS_ID, train, seed)
+    return Batches(encode_paragraphs(tok, paragraphs), maker, torch.Generator().manual_seed(seed))

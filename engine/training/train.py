@@ -1,10 +1,13 @@
-"""Train celeris-tiny from scratch on 2 CPU cores.
+"""Train celeris-tiny (full-canvas, LLaDA format) or celeris-tiny-block (SDAR format) from scratch
+on 2 CPU cores.
 
-    celeris train --out engine/training/celeris-tiny        # = python -m engine.training.train
+    celeris train --out engine/training/celeris-tiny                       # = python -m engine.training.train
+    celeris train --arch sdar --out engine/training/celeris-tiny-block
 
-Objective: LLaDA's masked-diffusion loss. For pretraining text, t ~ U(0, 1), every token is
-masked with probability t, and the cross-entropy on masked positions is weighted by 1/t. For
-the addition skill only the answer region is masked (LLaDA's SFT), normalised by its length.
+Every third step is a pretraining step (random windows of the novels, every token maskable);
+the others are supervised steps (`tasks.TaskMaker`: continuations, additions and chat turns,
+responses EOS-padded to a drawn canvas length, only the response maskable). The losses are
+LLaDA's (full canvas) and SDAR's block-diffusion loss (`objective.py`).
 """
 
 from __future__ import annotations
@@ -17,56 +20,31 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.model import MaskPredictor, count_parameters
 from engine.training import data, skill
 from engine.training.corpus import corpus_source, load_austen, total_chars
+from engine.training.objective import block_loss, full_loss
 from engine.weights import save_model
 
-EPS = 1e-3  # LLaDA's floor on the mask ratio, so 1/t stays bounded
+# (d_model, heads, layers, mlp) of the sizes tried; "base" is what ships (see the model card).
+SIZES = {"small": (64, 2, 2, 128), "base": (128, 4, 4, 384), "wide": (192, 6, 4, 512), "deep": (128, 4, 8, 384)}
+BLOCK = 4  # celeris-tiny-block's trained block size (SDAR's published models use 4)
+NAMES = {"llada": "celeris-tiny", "sdar": "celeris-tiny-block"}
+# The shipped runs: a block model reads every token twice (noisy and clean), so it gets fewer
+# steps of the same size in about the same time.
+STEPS = {"llada": 6000, "sdar": 3000}
 
 
-def model_config(vocab_size: int, small: bool = False) -> ModelConfig:
-    if small:  # the smoke test's size
-        return ModelConfig(d_model=64, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
-                           vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
-                           eos_token_id=data.EOS_ID, max_sequence_length=1024, name="celeris-tiny")
-    # Small and fast on purpose: on 2 CPU cores, optimizer steps matter more than width (a
-    # 128-wide model reached lower held-out loss than a 192-wide one in the same number of steps).
-    return ModelConfig(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384,
-                       vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
-                       eos_token_id=data.EOS_ID, rope_theta=10000.0, max_sequence_length=1024, name="celeris-tiny")
-
-
-def stratified_t(B: int, gen: torch.Generator) -> torch.Tensor:
-    """t ~ U(0, 1) per row, stratified over the batch (one draw per 1/B interval): the same
-    objective with much less variance, which matters when 1/t weights reach 1/EPS."""
-    u = torch.rand(1, generator=gen)
-    return ((u + torch.arange(B) / B) % 1.0)[:, None]  # (B, 1)
-
-
-def pretrain_loss(model: MaskPredictor, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    B, L = x.shape
-    t = stratified_t(B, gen)
-    p_mask = (1 - EPS) * t + EPS  # (B, 1)
-    masked = torch.rand(B, L, generator=gen) < p_mask
-    logits = model(torch.where(masked, data.MASK_ID, x))
-    ce = F.cross_entropy(logits[masked], x[masked], reduction="none")
-    return (ce / p_mask.expand(B, L)[masked]).sum() / (B * L)
-
-
-def sft_loss(model: MaskPredictor, x: torch.Tensor, prompt_len: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    B, L = x.shape
-    t = stratified_t(B, gen)
-    p_mask = (1 - EPS) * t + EPS
-    answer = torch.arange(L)[None, :] >= prompt_len[:, None]  # (B, L)
-    masked = (torch.rand(B, L, generator=gen) < p_mask) & answer
-    logits = model(torch.where(masked, data.MASK_ID, x))
-    ce = F.cross_entropy(logits[masked], x[masked], reduction="none")
-    weight = 1.0 / (p_mask.expand(B, L)[masked] * answer.sum(1, keepdim=True).expand(B, L)[masked])
-    return (ce * weight).sum() / B
+def model_config(vocab_size: int, size: str = "base", arch: str = "llada") -> ModelConfig:
+    d, heads, layers, mlp = SIZES[size]
+    common = dict(d_model=d, n_heads=heads, n_kv_heads=heads, n_layers=layers, mlp_hidden_size=mlp,
+                  vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
+                  eos_token_id=data.EOS_ID, rope_theta=10000.0, max_sequence_length=1024, name=NAMES[arch])
+    if arch == "sdar":  # the Qwen3 layout: q/k norms; trained and served in blocks of BLOCK
+        return ModelConfig(arch="sdar", qk_norm=True, rms_norm_eps=1e-6, block_length=BLOCK, **common)
+    return ModelConfig(arch="llada", **common)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
@@ -76,38 +54,40 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(out: Path, steps: int = 20_000, seed: int = 0, vocab_size: int = 1024, seq_len: int = 64,
-          batch: int = 32, skill_batch: int = 256, skill_every: int = 3, lr: float = 2e-3,
-          small: bool = False, cache_dir: Path = Path.home() / ".cache" / "celeris", threads: int = 2,
+def train(out: Path, steps: int = 6000, seed: int = 0, vocab_size: int = 2048, seq_len: int = 128,
+          tokens: int = 4096, text_every: int = 3, lr: float = 2e-3, size: str = "base", arch: str = "llada",
+          cache_dir: Path = Path.home() / ".cache" / "celeris", threads: int = 2,
           checkpoint_every: int = 2000) -> dict:
-    """Deterministic for a given seed and step count (the wall clock never decides anything)."""
+    """Deterministic for a given seed and step count (the wall clock never decides anything).
+    Each step trains on about `tokens` tokens (a block model reads each twice: noisy and clean)."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     novels = load_austen(cache_dir)
     train_pars, held_pars = data.split_paragraphs(novels)
     tok = data.train_tokenizer(train_pars + [p + a for p, a in skill.train_pairs(2000)], vocab_size)
-    batches = data.make_batches(tok, train_pars, skill.train_pairs(40_000, seed=skill.SEED + seed), seed)
-    cfg = model_config(tok.get_vocab_size(), small)
+    batches = data.make_batches(tok, novels, seed)
+    cfg = model_config(tok.get_vocab_size(), size, arch)
     model = MaskPredictor(cfg)
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
-    print(f"celeris-tiny: {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
+    loss_fn = (lambda x, real, maskable: block_loss(model, x, real, maskable, data.MASK_ID, BLOCK, gen)) \
+        if arch == "sdar" else (lambda x, real, maskable: full_loss(model, x, real, maskable, data.MASK_ID, gen))
+    print(f"{cfg.name} ({arch}, {size}): {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
           f"{len(batches.stream):,} text tokens, {steps} steps ({threads} threads)", flush=True)
 
     t0 = time.time()
     log_text: list[float] = []
-    log_skill: list[float] = []
+    log_sft: list[float] = []
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step - 1, steps, lr)
-        if step % skill_every == 0:
-            x, plen = batches.skills(skill_batch)
-            loss = sft_loss(model, x, plen, gen)
-            log_skill.append(loss.item())
-        else:
-            loss = pretrain_loss(model, batches.text(batch, seq_len), gen)
+        if step % text_every == 0:
+            loss = loss_fn(*batches.text(max(1, tokens // seq_len), seq_len))
             log_text.append(loss.item())
+        else:
+            loss = loss_fn(*batches.supervised(tokens))
+            log_sft.append(loss.item())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -117,15 +97,15 @@ def train(out: Path, steps: int = 20_000, seed: int = 0, vocab_size: int = 1024,
         if step % 100 == 0 or step == steps:
             rate = step / (time.time() - t0)
             print(f"step {step}/{steps} ({100 * step / steps:.0f}%) text loss {_mean(log_text):.3f} "
-                  f"skill loss {_mean(log_skill):.3f} lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} step/s "
+                  f"supervised loss {_mean(log_sft):.3f} lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} step/s "
                   f"ETA {(steps - step) / rate / 60:.1f} min", flush=True)
-            log_text, log_skill = [], []
+            log_text, log_sft = [], []
 
     _save(model, tok, out)
-    info = {"steps": steps, "minutes": round((time.time() - t0) / 60, 1), "seed": seed, "threads": threads,
-            "parameters": count_parameters(model), "text_tokens": len(batches.stream),
-            "corpus": corpus_source(cache_dir), "corpus_chars": total_chars(novels),
-            "heldout_paragraphs": len(held_pars)}
+    info = {"arch": arch, "size": size, "steps": steps, "minutes": round((time.time() - t0) / 60, 1), "seed": seed,
+            "threads": threads, "tokens_per_step": tokens, "parameters": count_parameters(model),
+            "vocab_size": cfg.vocab_size, "text_tokens": len(batches.stream), "corpus": corpus_source(cache_dir),
+            "corpus_chars": total_chars(novels), "heldout_paragraphs": len(held_pars)}
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"saved {out} after {steps} steps", flush=True)
     return info
@@ -152,17 +132,26 @@ def _mean(xs: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(ap)
-    a = ap.parse_args(argv)
-    train(a.out, a.steps, seed=a.seed, small=a.small, cache_dir=a.cache_dir, threads=a.threads)
+    run(ap.parse_args(argv))
     return 0
+
+
+def run(a: argparse.Namespace) -> dict:
+    return train(a.out, a.steps or STEPS[a.arch], seed=a.seed, vocab_size=a.vocab_size, size=a.size, arch=a.arch,
+                 tokens=a.tokens_per_step, cache_dir=a.cache_dir, threads=a.threads)
 
 
 def add_train_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, required=True, help="output model folder")
-    ap.add_argument("--steps", type=int, default=20_000, help="optimizer steps (default %(default)s, ~40 min on 2 cores)")
+    ap.add_argument("--arch", choices=sorted(NAMES), default="llada",
+                    help="llada: celeris-tiny (full canvas); sdar: celeris-tiny-block (block diffusion)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"optimizer steps (default: {STEPS['llada']} for llada, {STEPS['sdar']} for sdar)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="base", help="model size (small: smoke tests)")
+    ap.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default %(default)s)")
+    ap.add_argument("--tokens-per-step", type=int, default=4096, help="training tokens per step (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--small", action="store_true", help="a toy-size model (smoke tests)")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "celeris",
                     help="where the corpus package is downloaded and unpacked")
 
