@@ -9,10 +9,13 @@ changes, instead of decoding the whole canvas for every message. The rule, for e
 its left neighbours (a UTF-8 character split over byte tokens, a leading space a decoder drops at
 the start of a run, WordPiece "##" joins). As in vLLM's incremental detokenizer, a piece is
 `decode(window + [token]) - decode(window)` over a small window of real tokens to its left in
-the same run: the window never crosses a mask or the `visible` cut (so the run structure matches
-`render`'s), and grows left while its text starts inside a split character. Trailing
-replacement characters of an unfinished character are held back (piece "") until the character
-completes or the run ends, where `render` shows them too.
+the same run (special tokens, which decode to nothing, are passed over without counting): the
+window never crosses a mask or the `visible` cut (so the run structure matches
+`render`'s), and grows left while its text starts inside a split character. The replacement
+character of an unfinished character at the end is held back (piece "") until the character
+completes or the run ends, where `render` shows it too. Lossy UTF-8 decoding (Rust's, as the
+`tokenizers` decoders use) turns an unfinished tail into exactly one U+FFFD, so at most one is
+held: bytes that are simply invalid are emitted one step later, never lost.
 
 So a commit at position p can change the pieces of p - 1 (no longer the end of its run) and of
 the next few positions to its right (their left context changed): `update` recomputes just those
@@ -28,6 +31,11 @@ from engine.tokenizer import MASK_MARKER, Tokenizer
 REPLACEMENT = "\ufffd"
 WINDOW = 4  # real tokens of left context (a UTF-8 character spans at most 4 byte tokens)
 GROW = 4  # more tokens the window may take while its text starts inside a split character
+
+
+def _hold(text: str) -> str:
+    """`text` without the one replacement character an unfinished last character decodes to."""
+    return text[:-1] if text.endswith(REPLACEMENT) else text
 
 
 class IncrementalDetokenizer:
@@ -53,18 +61,21 @@ class IncrementalDetokenizer:
         t = self.ids[q]
         if t == self.tok.mask_id:
             return MASK_MARKER
+        special = self.tok.special_ids
         s, limit = q, self.window
         while limit > 0 and not self._boundary(s):
-            s, limit = s - 1, limit - 1
+            s -= 1
+            limit -= self.ids[s] not in special
         decode = self.tok.decode
         prev = decode(self.ids[s:q])
         grow = GROW
         while prev.startswith(REPLACEMENT) and grow > 0 and not self._boundary(s):  # window starts mid-character
-            s, grow = s - 1, grow - 1
+            s -= 1
+            grow -= self.ids[s] not in special
             prev = decode(self.ids[s:q])
         full = decode(self.ids[s:q + 1])
-        held_prev = prev.rstrip(REPLACEMENT)
-        held = full if self._run_end(q) else full.rstrip(REPLACEMENT)
+        held_prev = _hold(prev)
+        held = full if self._run_end(q) else _hold(full)
         if held.startswith(held_prev):
             return held[len(held_prev):]
         return self._exact(q)  # a decoder that rewrites earlier text: fall back to the whole run
@@ -74,14 +85,20 @@ class IncrementalDetokenizer:
         while not self._boundary(s):
             s -= 1
         decode = self.tok.decode
-        prev = decode(self.ids[s:q]).rstrip(REPLACEMENT)
+        prev = _hold(decode(self.ids[s:q]))
         full = decode(self.ids[s:q + 1])
-        full = full if self._run_end(q) else full.rstrip(REPLACEMENT)
+        full = full if self._run_end(q) else _hold(full)
         return full[len(prev):] if full.startswith(prev) else full
 
     def _span(self, p: int) -> range:
-        """Positions whose piece may depend on position p (or on a run boundary at p)."""
-        return range(max(0, p - 1), min(len(self.ids), p + self.window + GROW + 1))
+        """Positions whose piece may depend on position p (or on a run boundary at p): p - 1, and
+        to the right as far as window + GROW text-bearing tokens (special ones do not count)."""
+        special, mask = self.tok.special_ids, self.tok.mask_id
+        end, need = p + 1, self.window + GROW
+        while end < len(self.ids) and need > 0 and self.ids[end] != mask:
+            need -= self.ids[end] not in special
+            end += 1
+        return range(max(0, p - 1), min(len(self.ids), end + 1))
 
     def update(self, canvas: Sequence[int], changed: Iterable[int], visible: int) -> list[int]:
         """Take the ids of canvas at the `changed` positions and the new visible cut; return the

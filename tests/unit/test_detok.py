@@ -29,7 +29,8 @@ def embedded() -> Tokenizer:
 def multibyte() -> Tokenizer:
     """Byte-level BPE with a small vocabulary: most non-ASCII characters stay split over byte tokens."""
     hf = data.train_tokenizer(MULTIBYTE, vocab_size=280)
-    return Tokenizer(hf, tiny_config(vocab_size=hf.get_vocab_size(), embedding_size=hf.get_vocab_size()), {"eos_token": "<|eos|>"})
+    return Tokenizer(hf, tiny_config(vocab_size=hf.get_vocab_size(), embedding_size=hf.get_vocab_size()),
+                     {"eos_token": "<|eos|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"})
 
 
 def wordpiece() -> Tokenizer:
@@ -83,6 +84,22 @@ def test_pieces_join_to_render_commit_by_commit(make):
         if k % 5 == 0 and len(ids) > 3:  # a stop token inside: the text ends before it
             ids[rng.randrange(len(ids))] = tok.eos_id
         replay(tok, ids, rng)
+
+
+@pytest.mark.parametrize("make", [embedded, multibyte])
+def test_random_byte_tokens_invalid_utf8_included(make):
+    """What a random model writes: any ids in any order, runs of invalid and unfinished bytes."""
+    tok = make()
+    rng = random.Random(1)
+    ids = [i for i in range(tok.vocab_size) if i != tok.mask_id]
+    for _ in range(20):
+        replay(tok, [rng.choice(ids) for _ in range(rng.randint(8, 64))], rng, max_per_step=2)
+    # Long runs of lone bytes (each decodes to U+FFFD alone) and of special tokens between them.
+    loose = [i for i in ids if tok.token_text(i) == "\ufffd"]
+    quiet = sorted(tok.special_ids - tok.stop_ids - {tok.mask_id})
+    assert loose and quiet
+    for _ in range(20):
+        replay(tok, [rng.choice(loose if rng.random() < 0.6 else quiet) for _ in range(rng.randint(16, 64))], rng)
 
 
 def test_multibyte_tokenizer_really_splits_characters():
