@@ -178,15 +178,17 @@ class ChoiceFormatter:
     plan: StreamPlan
     tok: Tokenizer
     choice: int
-    seq: Sequence
+    seq: Sequence  # read once, here: its params (a door reads no engine state after submit)
     t0: float = field(default_factory=time.perf_counter)  # admission: `elapsed` counts from here
     committed: dict[int, float] = field(default_factory=dict)  # since the last message sent
     detok: Optional[IncrementalDetokenizer] = None
     first: bool = True
+    lengths: tuple[int, int] = (0, 0)  # (gen_length, block_length)
 
     def __post_init__(self) -> None:
+        self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
         if self.plan.delta:
-            self.detok = IncrementalDetokenizer(self.tok, self.seq.params.gen_length)
+            self.detok = IncrementalDetokenizer(self.tok, self.lengths[0])
 
     def __call__(self, ev: StepEvent) -> Optional[pb.GenerateResponse]:
         self.committed.update(zip(ev.committed, ev.confidences))
@@ -208,8 +210,8 @@ class ChoiceFormatter:
         return msg
 
     def layout(self, ev: StepEvent) -> pb.CanvasLayout:
-        p = self.seq.params
-        return pb.CanvasLayout(gen_length=p.gen_length, block_length=p.block_length, num_blocks=ev.num_blocks,
+        gen_length, block_length = self.lengths
+        return pb.CanvasLayout(gen_length=gen_length, block_length=block_length, num_blocks=ev.num_blocks,
                                prompt_tokens=ev.prompt_tokens, mask_token_id=self.tok.mask_id, mask_text=MASK_MARKER)
 
     def delta(self, ev: StepEvent, committed: dict[int, float]) -> pb.GenerateResponse:

@@ -127,6 +127,7 @@ def test_wordpiece_continuations_join_their_left_neighbour():
     hel, lo, world = (tok._tok.token_to_id(t) for t in ("hel", "##lo", "world"))
     detok = IncrementalDetokenizer(tok, 3)
     detok.update([tok.mask_id, lo, world], [1, 2], 3)
-    assert detok.pieces == [MASK_MARKER, "##lo", " world"] == [MASK_MARKER, *tok.render([lo, world]).partition(" ")[::2][:1], " world"]
+    assert detok.pieces == [MASK_MARKER, "##lo", " world"]  # as render shows a run starting with "##lo"
+    assert detok.text() == tok.render([tok.mask_id, lo, world])
     assert detok.update([hel, lo, world], [0], 3) == [0, 1]
     assert detok.text() == "hello world" == tok.render([hel, lo, world])
