@@ -7,8 +7,10 @@
 
 Knobs (all optional, server defaults otherwise): gen_length, steps, block_length, temperature,
 remasking ("low_confidence", "random", "margin", "entropy"), threshold, factor, cfg_scale, seed;
-plus request_id, stream_mode ("every_step", "every_k_steps", "block_complete", "final_only") and
-every_k_steps for `stream`, and timeout (seconds, the whole call including retries).
+plus request_id, stream_mode ("every_step", "every_k_steps", "block_complete", "final_only"),
+every_k_steps and stream_format ("delta", the default here, or "full") for `stream`, and timeout
+(seconds, the whole call including retries). With "delta" the server sends only what changed and
+`clients.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
 
 Retries: UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff and jitter, or
 after the server's RetryInfo delay. A stream is retried only if it failed before its first
@@ -26,6 +28,7 @@ import grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
+from clients.canvas import Canvas
 from clients.errors import CelerisError, DeadlineExceeded, RetryPolicy, error_from_rpc
 from clients.types import ModelInfo, Prompt, Result, Snapshot, Tokenization, build_request
 
@@ -43,6 +46,11 @@ def is_loopback(target: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _delta_default(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Streams ask for deltas unless the caller chose a format: far fewer bytes, same Snapshots."""
+    return {"stream_format": "delta"} | {k: v for k, v in knobs.items() if not (k == "stream_format" and not v)}
 
 
 def _results(finals: list[Snapshot], n: int) -> list[Result]:
@@ -133,15 +141,15 @@ class CelerisClient(_Base):
     def stream(self, prompt: Prompt, *, timeout: Optional[float] = None, **knobs: Any) -> Iterator[Snapshot]:
         """Yield snapshots as the canvas refines; the last one has done=True. Closing the
         iterator early cancels the request on the server."""
-        request = build_request(prompt, **knobs)
+        request = build_request(prompt, **_delta_default(knobs))
         deadline, attempt = self._deadline(timeout), 1
         while True:
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
-            started = False
+            started, canvas = False, Canvas()
             try:
                 for msg in call:
                     started = True
-                    yield Snapshot.from_pb(msg)
+                    yield canvas.snapshot(msg)
                 return
             except grpc.RpcError as e:
                 err = error_from_rpc(e)
@@ -201,15 +209,15 @@ class AsyncCelerisClient(_Base):
     async def stream(self, prompt: Prompt, *, timeout: Optional[float] = None,
                      **knobs: Any) -> AsyncIterator[Snapshot]:
         """Async-iterate snapshots; leaving the loop early (break, aclose) cancels the request."""
-        request = build_request(prompt, **knobs)
+        request = build_request(prompt, **_delta_default(knobs))
         deadline, attempt = self._deadline(timeout), 1
         while True:
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
-            started = False
+            started, canvas = False, Canvas()
             try:
                 async for msg in call:
                     started = True
-                    yield Snapshot.from_pb(msg)
+                    yield canvas.snapshot(msg)
                 return
             except grpc.RpcError as e:
                 err = error_from_rpc(e)

@@ -18,6 +18,7 @@ Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]]]
 REMASKING = {"low_confidence": pb.REMASKING_LOW_CONFIDENCE, "random": pb.REMASKING_RANDOM,
              "margin": pb.REMASKING_MARGIN, "entropy": pb.REMASKING_ENTROPY}
 REMASKING_NAMES = {v: k for k, v in REMASKING.items()}
+FORMATS = {"full": pb.SNAPSHOT_FORMAT_FULL, "delta": pb.SNAPSHOT_FORMAT_DELTA}
 STREAM_MODES = {"every_step": pb.STREAM_MODE_UNSPECIFIED, "every_k_steps": pb.STREAM_MODE_EVERY_K_STEPS,
                 "block_complete": pb.STREAM_MODE_BLOCK_COMPLETE, "final_only": pb.STREAM_MODE_FINAL_ONLY}
 FINISH_REASONS = {pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
@@ -173,8 +174,9 @@ def _set_input(req: pb.GenerateRequest, prompt: Prompt) -> None:
 
 
 def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "every_step",
-                  every_k_steps: int = 0, **knobs: Any) -> pb.GenerateRequest:
-    """A GenerateRequest; knobs left out or None take the server's defaults."""
+                  every_k_steps: int = 0, stream_format: str = "", **knobs: Any) -> pb.GenerateRequest:
+    """A GenerateRequest; knobs left out or None take the server's defaults. `stream_format`:
+    "full" or "delta" (SnapshotFormat); empty leaves it unset (full)."""
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise TypeError(f"unknown generation knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOBS)}")
@@ -195,6 +197,9 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
             if value not in table:
                 raise ValueError(f"{name} must be one of {', '.join(table)}, got {value!r}")
             setattr(req, name, table[value])
+    if stream_format and stream_format not in FORMATS:
+        raise ValueError(f"stream_format must be one of {', '.join(FORMATS)}, got {stream_format!r}")
+    req.stream_options.format = FORMATS.get(stream_format, pb.SNAPSHOT_FORMAT_UNSPECIFIED)
     req.stream_options.mode = STREAM_MODES[stream_mode]
     req.stream_options.every_k_steps = every_k_steps
     return req

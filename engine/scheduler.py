@@ -12,6 +12,14 @@ batched forwards over the running requests — never one forward per request.
 there, before a stream exists, so no front door sees admission errors arrive through a stream.
 A stream counts against admission until its door closes it, also after the engine finished it:
 a client that opens streams and never reads them holds places, not unbounded memory.
+
+Formatting happens off the event loop. A door may pass `submit` a formatter: an opaque callable
+StepEvent -> anything (the engine never looks inside; gRPC builds a GenerateResponse, the HTTP
+gateway an SSE chunk). The step worker calls it once per event, right after `core.step`, in the
+same thread and in step order, and the event reaches the stream with the result in
+`StepEvent.formatted`; the event loop only writes it out. A formatter that raises does not fail
+the step: its exception travels in `formatted` for the door to raise. Only shutdown's cancel
+events are formatted on the loop.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from engine.batching import Picker, partition
 from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
@@ -134,6 +143,7 @@ class StepLoop:
 
 
 _DONE = object()
+Formatter = Callable[[StepEvent], Any]
 log = logging.getLogger("celeris.engine")
 
 
@@ -192,6 +202,7 @@ class Scheduler:
         self.max_open = max_open if max_open is not None else loop_core.runner.slots + loop_core.max_queue
         self._live: dict[int, RequestStream] = {}  # ticket -> stream, while the engine has it
         self._ids: dict[str, RequestStream] = {}  # request id -> stream, while the engine has it
+        self._formatters: dict[int, Formatter] = {}  # ticket -> the door's formatter, while live
         self._open = 0
         self._cancelled: list[Sequence] = []
         self._wake = asyncio.Event()
@@ -239,18 +250,27 @@ class Scheduler:
             self._task = None
         self._apply_cancellations()
         for stream in list(self._live.values()):
-            self._deliver(stream, self.core.cancel(stream.seq))
+            ev = self.core.cancel(stream.seq)
+            self._deliver(stream, self._format(ev) if ev is not None else None)
         self._executor.shutdown(wait=True)
 
-    def submit(self, seq: Sequence) -> RequestStream:
-        """Admit `seq` or raise (Unavailable, Overloaded, InvalidRequest for a duplicate id)."""
+    def submit(self, seq: Sequence, formatter: Optional[Formatter] = None) -> RequestStream:
+        """Admit `seq` or raise (Unavailable, Overloaded, InvalidRequest for a duplicate id).
+        `formatter`, if given, turns each of its events into `StepEvent.formatted` in the step
+        worker thread (see the module docstring); it is set before the request can run a step."""
         if not self.accepting:
             raise Unavailable("server is draining; retry on another replica")
         if seq.request_id in self._ids:
             raise InvalidRequest([FieldViolation("request_id", f"{clip(seq.request_id)} is already running")])
         if self._open >= self.max_open:
             raise Overloaded(f"too many open streams ({self._open}); retry later")
-        self.core.add(seq)
+        if formatter is not None:
+            self._formatters[seq.ticket] = formatter
+        try:
+            self.core.add(seq)
+        except EngineError:
+            self._formatters.pop(seq.ticket, None)
+            raise
         stream = RequestStream(self, seq)
         self._live[seq.ticket] = self._ids[seq.request_id] = stream
         self._open += 1
@@ -271,6 +291,7 @@ class Scheduler:
             return
         stream.ended = True
         self._live.pop(stream.ticket, None)
+        self._formatters.pop(stream.ticket, None)
         if self._ids.get(stream.request_id) is stream:
             del self._ids[stream.request_id]
         if cancel:
@@ -308,6 +329,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ loop
 
+    def _format(self, ev: StepEvent) -> StepEvent:
+        """`ev` with its door's formatter applied (in the step worker, but for shutdown)."""
+        fmt = self._formatters.get(ev.ticket)
+        if fmt is None:
+            return ev
+        try:
+            out = fmt(ev)
+        except Exception as exc:  # a formatting bug ends this request only, through its door
+            log.exception("formatting the step event of %s failed", ev.request_id)
+            out = exc
+        return dataclasses.replace(ev, formatted=out)
+
+    def _step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
+        """One step and its events' formatting: runs in the step worker thread."""
+        events, record = self.core.step()
+        return [self._format(ev) for ev in events], record
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
@@ -318,7 +356,7 @@ class Scheduler:
                 await asyncio.sleep(0)  # let requests that arrived together join the same step
                 continue
             try:
-                events, record = await loop.run_in_executor(self._executor, self.core.step)
+                events, record = await loop.run_in_executor(self._executor, self._step)
             except Exception as exc:  # keep serving: end this batch's requests, not the loop
                 log.exception("denoising step failed; ending %d request(s)", self.running)
                 for seq in self.core.fail_running():

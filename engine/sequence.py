@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from engine.params import SamplingParams
 from engine.sampler import dream_transfer_count, transfer_schedule
@@ -69,6 +69,9 @@ class StepEvent:
     committed_logprobs: tuple = ()
     logprobs: tuple = ()
     stop_text: str = ""  # the stop string that ended the output: text is cut where it begins
+    # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
+    # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
+    formatted: Any = None
 
 
 @dataclass

@@ -58,6 +58,11 @@ class Tokenizer:
         # than max_prompt_tokens * this is too long before it is tokenized.
         self.max_token_chars = max((len(t) for t in tok.get_vocab(with_added_tokens=False)), default=1)
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids `decode` drops (mask, EOS, pad, BOS): they add no text, whatever surrounds them."""
+        return self._special
+
     def _special_id(self, token: object) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...} form
             token = token.get("content")

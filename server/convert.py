@@ -1,18 +1,27 @@
-"""The only protobuf <-> engine mapping."""
+"""The only protobuf <-> engine mapping.
+
+Generate's messages are built by a `ChoiceFormatter` per choice, which the servicer hands to the
+scheduler (Scheduler.submit): it runs in the step worker thread, once per step event, so the
+event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
+messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions), their text pieces kept by the
+engine's incremental detokenizer.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Optional
 
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
+from engine.detok import IncrementalDetokenizer
 from engine.errors import FieldViolation, InvalidRequest
 from engine.llm import Request
 from engine.params import SamplingParams, fit_lengths
-from engine.sequence import FinishReason, StepEvent
-from engine.tokenizer import Tokenizer
+from engine.sequence import FinishReason, Sequence, StepEvent
+from engine.tokenizer import MASK_MARKER, Tokenizer
 
 REMASKING_TO_ENGINE = {
     pb.REMASKING_LOW_CONFIDENCE: "low_confidence",
@@ -40,6 +49,7 @@ class StreamPlan:
 
     mode: int = pb.STREAM_MODE_UNSPECIFIED
     every_k: int = 1
+    delta: bool = False  # SNAPSHOT_FORMAT_DELTA
 
     def wants(self, ev: StepEvent) -> bool:
         if ev.finished:
@@ -124,7 +134,12 @@ def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
         raise InvalidRequest([FieldViolation("stream_options.every_k_steps", "must be >= 1 with STREAM_MODE_EVERY_K_STEPS")])
     if o.mode != pb.STREAM_MODE_EVERY_K_STEPS and o.every_k_steps:
         raise InvalidRequest([FieldViolation("stream_options.every_k_steps", "only valid with STREAM_MODE_EVERY_K_STEPS")])
-    return StreamPlan(o.mode, max(1, o.every_k_steps))
+    if o.format not in (pb.SNAPSHOT_FORMAT_UNSPECIFIED, pb.SNAPSHOT_FORMAT_FULL, pb.SNAPSHOT_FORMAT_DELTA):
+        raise InvalidRequest([FieldViolation("stream_options.format", f"unknown enum value {o.format}")])
+    if o.provisional:
+        why = "not supported yet" if o.format == pb.SNAPSHOT_FORMAT_DELTA else "only valid with SNAPSHOT_FORMAT_DELTA"
+        raise InvalidRequest([FieldViolation("stream_options.provisional", why)])
+    return StreamPlan(o.mode, max(1, o.every_k_steps), o.format == pb.SNAPSHOT_FORMAT_DELTA)
 
 
 def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.GenerateResponse:
@@ -151,6 +166,75 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
         token.logprob = lp
         token.top_logprobs.extend(pb.TokenLogprob(id=i, text=tok.token_text(i), logprob=v) for i, v in top)
     return msg
+
+
+@dataclass
+class ChoiceFormatter:
+    """Builds the messages of one choice from its step events (None: nothing to send this step).
+
+    Called by the step worker, in step order, never on the event loop. Keeps what a delta needs
+    between messages: positions committed since the last message sent and the canvas pieces."""
+
+    plan: StreamPlan
+    tok: Tokenizer
+    choice: int
+    seq: Sequence  # read once, here: its params (a door reads no engine state after submit)
+    t0: float = field(default_factory=time.perf_counter)  # admission: `elapsed` counts from here
+    committed: dict[int, float] = field(default_factory=dict)  # since the last message sent
+    detok: Optional[IncrementalDetokenizer] = None
+    first: bool = True
+    lengths: tuple[int, int] = (0, 0)  # (gen_length, block_length)
+
+    def __post_init__(self) -> None:
+        self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
+        if self.plan.delta:
+            self.detok = IncrementalDetokenizer(self.tok, self.lengths[0])
+
+    def __call__(self, ev: StepEvent) -> Optional[pb.GenerateResponse]:
+        self.committed.update(zip(ev.committed, ev.confidences))
+        if not self.plan.wants(ev):
+            return None
+        committed, self.committed = self.committed, {}
+        if ev.finished or self.detok is None:
+            msg = snapshot(ev, self.tok, committed)
+        else:
+            msg = self.delta(ev, committed)
+        msg.choice = self.choice
+        if self.plan.delta:
+            msg.format = pb.SNAPSHOT_FORMAT_DELTA
+            if self.first:
+                msg.layout.CopyFrom(self.layout(ev))
+        self.first = False
+        if ev.finished:
+            finalize(msg, ev, time.perf_counter() - self.t0, self.tok)
+        return msg
+
+    def layout(self, ev: StepEvent) -> pb.CanvasLayout:
+        gen_length, block_length = self.lengths
+        return pb.CanvasLayout(gen_length=gen_length, block_length=block_length, num_blocks=ev.num_blocks,
+                               prompt_tokens=ev.prompt_tokens, mask_token_id=self.tok.mask_id, mask_text=MASK_MARKER)
+
+    def delta(self, ev: StepEvent, committed: dict[int, float]) -> pb.GenerateResponse:
+        """What changed since the last message: O(changed positions), no full decode."""
+        assert self.detok is not None
+        changed = self.detok.update(ev.canvas, committed, ev.visible)
+        positions = sorted(committed)
+        return pb.GenerateResponse(
+            request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
+            num_blocks=ev.num_blocks, committed_positions=positions,
+            committed_confidences=[committed[p] for p in positions], text_positions=ev.visible,
+            updates=[pb.TokenUpdate(position=p, token=self.token(p)) for p in changed])
+
+    def token(self, p: int) -> pb.Token:
+        """Position p's id, own text, masked flag and piece (set only where it differs)."""
+        d = self.detok
+        assert d is not None
+        t = d.ids[p]
+        text, piece = self.tok.token_text(t), d.pieces[p]
+        token = pb.Token(id=t, text=text, masked=t == self.tok.mask_id)
+        if piece != text:
+            token.piece = piece
+        return token
 
 
 def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:

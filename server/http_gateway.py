@@ -25,7 +25,7 @@ from aiohttp import web
 from engine.errors import EngineError, FieldViolation, InvalidRequest, Unavailable, clip
 from engine.llm import LLM
 from engine.scheduler import Scheduler
-from engine.sequence import StepEvent
+from engine.sequence import Sequence, StepEvent
 from server import openai_api
 from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
 from server.guard import Guard
@@ -268,7 +268,20 @@ class HttpGateway:
                 req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
                 reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
-                streams = [await life.submit(r) for life, r in zip(lives, reqs)]
+                responders: list[Responder] = []
+
+                def formatter(seq: Sequence) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
+                    """Choice k's Responder, made as it is admitted (choices in order; all share the
+                    first choice's id); streams get its formatter, run in the step worker."""
+                    k = len(responders)
+                    rid = responders[0].request_id if responders else seq.request_id
+                    responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
+                                                echo=self._echo(req, k)))
+                    if not req.stream:
+                        return None
+                    return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")
+
+                streams = [await life.submit(r, formatter) for life, r in zip(lives, reqs)]
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
                 lives[0].fail(e)
@@ -277,10 +290,8 @@ class HttpGateway:
                 lives[0].fail(e)
                 return error_json(e)
             rid = streams[0].request_id
-            responders = [Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
-                                    echo=self._echo(req, k)) for k in range(len(streams))]
             if req.stream:
-                return await self._stream(request, responders, req.diffusing, lives)
+                return await self._stream(request, responders, lives)
             try:
                 finals = await asyncio.gather(*(self._last(life) for life in lives))
             except EngineError as e:
@@ -312,19 +323,22 @@ class HttpGateway:
             pass
         return last
 
-    async def _stream(self, request: web.Request, responders: list[Responder], diffusing: bool,
+    async def _stream(self, request: web.Request, responders: list[Responder],
                       lives: list[LiveRequest]) -> web.StreamResponse:
-        """Server-sent events of every choice as they come (each chunk names its choice index)."""
+        """Server-sent events of every choice as they come (each chunk names its choice index),
+        already built by each choice's formatter in the step worker."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
         await resp.prepare(request)
         try:
             try:
-                async for k, ev in merged(lives):
-                    r = responders[k]
-                    chunk = r.diffusing_chunk(ev) if diffusing else r.plain_chunk(ev)
-                    if chunk is not None:
-                        await resp.write(sse(chunk))
+                async for _, ev in merged(lives):
+                    if isinstance(ev.formatted, Exception):  # a formatting bug ends the stream, as an error
+                        lives[0].fail(ev.formatted)
+                        await resp.write(sse(openai_api.error_response(ev.formatted)[1]))
+                        break
+                    if ev.formatted is not None:
+                        await resp.write(ev.formatted)
             except EngineError as e:  # headers are sent: the error becomes the last event
                 await resp.write(sse(openai_api.error_response(e)[1]))
             await resp.write(sse("[DONE]"))

@@ -15,12 +15,12 @@ and maps errors through the one table in server/errors.py.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from engine.errors import EngineError
 from engine.llm import LLM, MAX_REQUEST_ID, Request
-from engine.scheduler import RequestStream, Scheduler
-from engine.sequence import StepEvent
+from engine.scheduler import Formatter, RequestStream, Scheduler
+from engine.sequence import Sequence, StepEvent
 from server.telemetry import RequestObserver, Telemetry
 
 
@@ -39,14 +39,17 @@ class LiveRequest:
         self.lifecycle, self.obs = lifecycle, obs
         self.stream: Optional[RequestStream] = None
 
-    async def submit(self, req: Request) -> RequestStream:
-        """Build (validate + tokenize, in a worker thread) and admit; raises EngineError."""
+    async def submit(self, req: Request, formatter: Optional[Callable[[Sequence], Formatter]] = None
+                     ) -> RequestStream:
+        """Build (validate + tokenize, in a worker thread) and admit; raises EngineError.
+        `formatter(seq)` makes the request's event formatter, run in the step worker
+        (Scheduler.submit): its events then arrive with `formatted` set."""
         if req.request_id:  # logged before validation, so cut to the limit
             self.obs.bind(req.request_id[:MAX_REQUEST_ID])
         try:
             seq = await self.lifecycle.llm.build_async(req)
             self.obs.bind(seq.request_id, seq.ticket)
-            self.stream = self.lifecycle.scheduler.submit(seq)
+            self.stream = self.lifecycle.scheduler.submit(seq, formatter(seq) if formatter else None)
         except EngineError as e:
             self.obs.fail(e)
             raise

@@ -5,7 +5,8 @@ prompt plus SamplingParams. `max_tokens` is the canvas length (gen_length); when
 without the diffusion fields, block_length and steps are fitted to it so that a plain OpenAI
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
-remasking, and `diffusing` (stream snapshots); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
+remasking, and `diffusing` (stream snapshots: true or "delta" sends only the changed positions,
+"full" the whole canvas every step); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
 `ignore_eos` as in vLLM; `stop` and `logprobs` / `top_logprobs` as OpenAI. OpenAI parameters this
 server cannot honour (penalties, logit_bias, response_format, tools, best_of, suffix) and unknown
 keys are a 400 naming the field unless they carry their neutral value.
@@ -48,6 +49,7 @@ COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", "n", "echo", "
           *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
+DIFFUSING_FORMATS = ("delta", "full")  # `diffusing` as a string: the stream format; true is "delta"
 MAX_CHOICES = 16  # prompts x n in one HTTP request: each is its own engine request
 
 
@@ -63,6 +65,7 @@ class GatewayRequest:
     n: int = 1  # samples of each prompt, batched in the same steps with seeds seed, seed+1, ...
     echo: bool = False  # completions: the prompt's text before each choice's text
     model: str = ""  # the served name the client asked for (echoed in responses), else the first
+    diffusing_format: str = "delta"  # with diffusing: "delta" (changed positions) or "full" (whole canvas)
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -104,6 +107,8 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
     elif ids is not None:
         v.append(FieldViolation("stop_token_ids", f"must be a list of token ids, got {clip(ids)}"))
     for name in ("stream", "diffusing", "ignore_eos"):
+        if name == "diffusing" and body.get(name) in DIFFUSING_FORMATS:
+            continue
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
         elif name == "ignore_eos" and name in body:
@@ -282,8 +287,9 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     if given.get("top_k") == -1:  # vLLM's spelling of "off"
         given["top_k"] = 0
     params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
-    return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(body.get("diffusing")),
-                          length_param, n, bool(echo), model)
+    diffusing = body.get("diffusing")
+    return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
+                          length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta")
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,30 @@ Streaming has two modes:
 - plain (`stream: true`): append-only text deltas, as OpenAI clients expect. A diffusion model
   has no left-to-right order, but a finished block never changes, so each completed block's new
   text is sent as a delta and the final chunk carries the rest, finish_reason and usage.
-- diffusing (`stream: true, diffusing: true`): every event carries the whole canvas as text (replace,
+- diffusing, delta (`stream: true, diffusing: true` or `"delta"`, the default): each event's
+  `celeris` object carries only the cells that changed since the previous event (`updates`:
+  {"i", "text", "masked", and "piece" where it differs from text}), the positions committed this
+  step (`new`) and `visible` (text is echo + the pieces of cells [0, visible); cells from there on
+  are "stop"); the first event adds `layout` {gen_length, num_blocks, prompt_tokens, mask_text,
+  echo}, and the usual text field stays empty. The last event is a whole snapshot, as below, with
+  the final text. Built in O(changed cells) by the engine's incremental detokenizer.
+- diffusing, full (`diffusing: "full"`): every event carries the whole canvas as text (replace,
   not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
-  so, with step / block counters and each position's state for live views such as the web page.
+  so, with step / block counters and each position's state for live views.
+
+Stream events are built by `Responder.stream_formatter`, which the gateway hands to the scheduler:
+it runs in the step worker thread (once per step per choice) and returns finished SSE bytes.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from engine.detok import IncrementalDetokenizer
 from engine.sequence import FinishReason, StepEvent
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import MASK_MARKER, Tokenizer
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
 
@@ -68,6 +79,8 @@ class Responder:
         self.created = int(time.time())
         self.sent = ""  # text already streamed in plain mode
         self.first = True
+        self.detok: Optional[IncrementalDetokenizer] = None  # delta diffusing: the cells' pieces
+        self.layout_sent = False
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
         obj = "chat.completion" + (".chunk" if chunk else "") if self.chat else "text_completion"
@@ -152,3 +165,43 @@ class Responder:
         if ev.finished:
             extra |= {"seed": seed_text(ev.seed), "kv_cache": ev.kv_cache}
         return self._chunk(text, ev, extra)
+
+    def diffusing_delta(self, ev: StepEvent) -> dict[str, Any]:
+        """The cells that changed since the previous event (the last event: a whole snapshot)."""
+        if ev.finished:
+            chunk = self.diffusing_chunk(ev)
+            chunk["celeris"]["format"] = "delta"
+            return self._with_layout(chunk, ev)
+        if self.detok is None:
+            self.detok = IncrementalDetokenizer(self.tok, len(ev.canvas))
+        d = self.detok
+        changed = d.update(ev.canvas, ev.committed, ev.visible)
+        updates = []
+        for i in changed:
+            t = d.ids[i]
+            cell: dict[str, Any] = {"i": i, "text": self.tok.token_text(t), "masked": t == self.tok.mask_id}
+            if d.pieces[i] != cell["text"]:
+                cell["piece"] = d.pieces[i]
+            updates.append(cell)
+        extra = {"format": "delta", "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
+                 "num_blocks": ev.num_blocks, "masked": d.masked, "committed": len(ev.committed), "done": False,
+                 "new": sorted(ev.committed), "visible": ev.visible, "updates": updates}
+        return self._with_layout(self._chunk("", ev, extra), ev)
+
+    def _with_layout(self, chunk: dict[str, Any], ev: StepEvent) -> dict[str, Any]:
+        if not self.layout_sent:
+            self.layout_sent = True
+            chunk["celeris"]["layout"] = {"gen_length": len(ev.canvas), "num_blocks": ev.num_blocks,
+                                          "prompt_tokens": ev.prompt_tokens, "mask_text": MASK_MARKER,
+                                          "echo": self.echo}
+        return chunk
+
+    def stream_formatter(self, diffusing: str = "") -> Callable[[StepEvent], Optional[bytes]]:
+        """The event -> SSE bytes function for one choice ("" plain, "delta" or "full" diffusing),
+        run by the step worker so the event loop only writes bytes."""
+        build = {"": self.plain_chunk, "full": self.diffusing_chunk, "delta": self.diffusing_delta}[diffusing]
+
+        def fmt(ev: StepEvent) -> Optional[bytes]:
+            chunk = build(ev)
+            return None if chunk is None else sse(chunk)
+        return fmt

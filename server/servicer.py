@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import functools
 from typing import AsyncIterator
 
 import grpc
@@ -37,24 +37,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 plan = convert.stream_plan(request)
                 reqs = convert.engine_requests(request, self.llm.defaults)
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
-                for life, req in zip(lives, reqs):
-                    await life.submit(req)
+                for k, (life, req) in enumerate(zip(lives, reqs)):  # messages are built off the loop
+                    await life.submit(req, functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k))
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
                 lives[0].fail(e)
                 await abort(context, e)
-            committed: list[dict[int, float]] = [{} for _ in lives]  # per choice, since its last message
-            t0 = time.perf_counter()
             try:
-                async for k, ev in merged(lives):
-                    committed[k].update(zip(ev.committed, ev.confidences))
-                    if not plan.wants(ev):
-                        continue
-                    msg = convert.snapshot(ev, self.llm.tokenizer, committed[k])
-                    msg.choice, committed[k] = k, {}
-                    if ev.finished:
-                        convert.finalize(msg, ev, time.perf_counter() - t0, self.llm.tokenizer)
-                    yield msg
+                async for _, ev in merged(lives):
+                    if isinstance(ev.formatted, Exception):  # a formatting bug: INTERNAL
+                        lives[0].fail(ev.formatted)
+                        await abort(context, ev.formatted)
+                    if ev.formatted is not None:
+                        yield ev.formatted
             except EngineError as e:  # a failed step
                 await abort(context, e)
         finally:

@@ -95,3 +95,27 @@ async def test_every_stream_mode_ends_with_the_same_final_message(block_model, m
         assert len(msgs) == 1
     if mode == pb.STREAM_MODE_BLOCK_COMPLETE:
         assert len(msgs) <= G // 4 + 2
+
+
+async def test_delta_stream_of_a_block_model_rebuilds_the_full_stream(block_model):
+    """Block models decode past gen_length and run prefill/store steps that commit nothing:
+    the delta stream still rebuilds every full message."""
+    import dataclasses
+
+    from clients.canvas import Canvas
+    from clients.types import Snapshot
+
+    _, _, llm = block_model
+
+    def req(fmt: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(request_id="blocks", prompt="It is a truth universally", gen_length=G,
+                                  block_length=4, steps=G, seed=3, temperature=0.7,
+                                  stream_options=pb.StreamOptions(format=fmt))
+
+    async with running_server(llm) as (_, stub, _):
+        full = await collect(stub.Generate(req(pb.SNAPSHOT_FORMAT_FULL)))
+        delta = await collect(stub.Generate(req(pb.SNAPSHOT_FORMAT_DELTA)))
+    canvas = Canvas()
+    assert [dataclasses.replace(canvas.snapshot(m), elapsed_s=None) for m in delta] == \
+        [dataclasses.replace(Snapshot.from_pb(m), elapsed_s=None) for m in full]
+    assert delta[0].layout.gen_length == G and not delta[0].tokens

@@ -88,7 +88,7 @@ def test_streaming_appends_text_and_ends_with_usage(live):
 
 
 def test_diffusing_stream_sends_full_snapshots(live, tiny_llm):
-    body = {"prompt": PROMPT, "max_tokens": 16, "steps": 8, "seed": 4, "stream": True, "diffusing": True}
+    body = {"prompt": PROMPT, "max_tokens": 16, "steps": 8, "seed": 4, "stream": True, "diffusing": "full"}
     events = sse_events(post(live, "/v1/completions", body))
     assert events[-1] == "[DONE]"
     snaps = events[:-1]

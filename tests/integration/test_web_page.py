@@ -99,6 +99,7 @@ def test_browser_shows_the_canvas_refining(live, browser):
     assert [f["masked"] for f in seen] == sorted((f["masked"] for f in seen), reverse=True)
     assert seen[-1]["masked"] == 0 and "\u2592" in seen[0]["text"] and "\u2592" not in seen[-1]["text"]
     assert [f["step"] for f in frames] == list(range(1, len(frames) + 1)) and frames[-1]["done"]
+    assert {f["format"] for f in frames} == {"delta"}  # rebuilt from delta events, the gateway's default
 
     body = {"prompt": "It is a truth universally", "max_tokens": 32, "steps": 16, "block_length": 16, "seed": 7}
     req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),

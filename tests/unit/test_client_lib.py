@@ -167,3 +167,13 @@ def test_tls_choice():
     assert not CelerisClient("celeris.example.com:443").insecure
     assert CelerisClient("celeris.example.com:80", insecure=True).insecure
 
+
+
+def test_streams_ask_for_deltas_unless_told_otherwise():
+    from celeris.v1 import generation_pb2 as pb
+    from clients.client import _delta_default
+    from clients.types import build_request
+
+    assert build_request("x").stream_options.format == pb.SNAPSHOT_FORMAT_UNSPECIFIED  # raw requests: as before
+    assert build_request("x", **_delta_default({})).stream_options.format == pb.SNAPSHOT_FORMAT_DELTA
+    assert build_request("x", **_delta_default({"stream_format": "full"})).stream_options.format == pb.SNAPSHOT_FORMAT_FULL

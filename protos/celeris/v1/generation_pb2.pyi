@@ -45,6 +45,12 @@ class StreamMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STREAM_MODE_BLOCK_COMPLETE: _ClassVar[StreamMode]
     STREAM_MODE_FINAL_ONLY: _ClassVar[StreamMode]
 
+class SnapshotFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SNAPSHOT_FORMAT_UNSPECIFIED: _ClassVar[SnapshotFormat]
+    SNAPSHOT_FORMAT_FULL: _ClassVar[SnapshotFormat]
+    SNAPSHOT_FORMAT_DELTA: _ClassVar[SnapshotFormat]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -71,6 +77,9 @@ STREAM_MODE_UNSPECIFIED: StreamMode
 STREAM_MODE_EVERY_K_STEPS: StreamMode
 STREAM_MODE_BLOCK_COMPLETE: StreamMode
 STREAM_MODE_FINAL_ONLY: StreamMode
+SNAPSHOT_FORMAT_UNSPECIFIED: SnapshotFormat
+SNAPSHOT_FORMAT_FULL: SnapshotFormat
+SNAPSHOT_FORMAT_DELTA: SnapshotFormat
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
@@ -97,12 +106,16 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class StreamOptions(_message.Message):
-    __slots__ = ("mode", "every_k_steps")
+    __slots__ = ("mode", "every_k_steps", "format", "provisional")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EVERY_K_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     mode: StreamMode
     every_k_steps: int
-    def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ...) -> None: ...
+    format: SnapshotFormat
+    provisional: bool
+    def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n")
@@ -171,7 +184,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class Token(_message.Message):
-    __slots__ = ("id", "text", "masked", "committed_this_step", "confidence", "logprob", "top_logprobs")
+    __slots__ = ("id", "text", "masked", "committed_this_step", "confidence", "logprob", "top_logprobs", "piece")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MASKED_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +192,7 @@ class Token(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: str
     masked: bool
@@ -186,7 +200,32 @@ class Token(_message.Message):
     confidence: float
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., masked: _Optional[bool] = ..., committed_this_step: _Optional[bool] = ..., confidence: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    piece: str
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., masked: _Optional[bool] = ..., committed_this_step: _Optional[bool] = ..., confidence: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., piece: _Optional[str] = ...) -> None: ...
+
+class TokenUpdate(_message.Message):
+    __slots__ = ("position", "token")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    token: Token
+    def __init__(self, position: _Optional[int] = ..., token: _Optional[_Union[Token, _Mapping]] = ...) -> None: ...
+
+class CanvasLayout(_message.Message):
+    __slots__ = ("gen_length", "block_length", "num_blocks", "prompt_tokens", "mask_token_id", "mask_text")
+    GEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MASK_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    MASK_TEXT_FIELD_NUMBER: _ClassVar[int]
+    gen_length: int
+    block_length: int
+    num_blocks: int
+    prompt_tokens: int
+    mask_token_id: int
+    mask_text: str
+    def __init__(self, gen_length: _Optional[int] = ..., block_length: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., mask_text: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "forward_passes")
@@ -199,7 +238,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice")
+    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +255,11 @@ class GenerateResponse(_message.Message):
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     total_steps: int
@@ -232,7 +276,12 @@ class GenerateResponse(_message.Message):
     elapsed: _duration_pb2.Duration
     kv_cache: KvCache
     choice: int
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ...) -> None: ...
+    updates: _containers.RepeatedCompositeFieldContainer[TokenUpdate]
+    layout: CanvasLayout
+    provisional: _containers.RepeatedCompositeFieldContainer[TokenUpdate]
+    format: SnapshotFormat
+    text_positions: int
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ..., updates: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., layout: _Optional[_Union[CanvasLayout, _Mapping]] = ..., provisional: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., text_positions: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -30,7 +30,9 @@ class GenerationServiceStub:
 
     A diffusion LM does not write left to right: the generated part starts as a
     canvas of mask tokens and is refined over denoising steps, many tokens
-    committed per step. Generate therefore streams whole snapshots of the canvas.
+    committed per step. Generate therefore streams snapshots of the canvas: whole
+    ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
+    the positions that changed, from which the client rebuilds the canvas.
 
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):
@@ -73,7 +75,9 @@ class GenerationServiceServicer:
 
     A diffusion LM does not write left to right: the generated part starts as a
     canvas of mask tokens and is refined over denoising steps, many tokens
-    committed per step. Generate therefore streams whole snapshots of the canvas.
+    committed per step. Generate therefore streams snapshots of the canvas: whole
+    ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
+    the positions that changed, from which the client rebuilds the canvas.
 
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):
@@ -145,7 +149,9 @@ class GenerationService:
 
     A diffusion LM does not write left to right: the generated part starts as a
     canvas of mask tokens and is refined over denoising steps, many tokens
-    committed per step. Generate therefore streams whole snapshots of the canvas.
+    committed per step. Generate therefore streams snapshots of the canvas: whole
+    ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
+    the positions that changed, from which the client rebuilds the canvas.
 
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):
