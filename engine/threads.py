@@ -5,6 +5,14 @@ torch's default is the host's core count, which inside a container or a cgroup w
 limit is the smaller of the affinity mask (`taskset`, cpusets) and the CFS quota, read from
 cgroup v2 (`cpu.max`) or v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`) along this process's
 cgroup path up to the root (a parent's limit binds the children too).
+
+A server has a second consumer of CPU besides the forward: its asyncio event loop (gRPC
+handlers, message building, protobuf serialization, HTTP/2 framing in gRPC's own threads). An
+intra-op thread pool as wide as the CPUs runs every forward on all of them, so the loop preempts
+one of the pool's threads, and a parallel region waits for its slowest thread: the whole step
+stalls for the loop's slice. `serving_threads` therefore leaves one CPU to the loop when there
+are at least `RESERVE_FROM` of them (one core is then at most a quarter of the forward's); on 2-3
+CPUs a core is too large a share of the forward to give up, and all are used.
 """
 
 from __future__ import annotations
@@ -102,14 +110,23 @@ def available_cpus(proc_cgroup: Path = PROC_CGROUP, cgroup_root: Path = CGROUP_R
     return max(1, n)
 
 
-def configure_threads(threads: Optional[int] = None) -> int:
+RESERVE_FROM = 4  # CPUs from which a server leaves one to its event loop
+
+
+def serving_threads(cpus: int) -> int:
+    """Intra-op threads for a server on `cpus` CPUs: one fewer from RESERVE_FROM on (see above)."""
+    return cpus - 1 if cpus >= RESERVE_FROM else max(1, cpus)
+
+
+def configure_threads(threads: Optional[int] = None, serving: bool = False) -> int:
     """Set torch's intra-op threads: `threads` when given (--threads), else the CPUs this
-    process may use. Returns the number set."""
+    process may use (`serving`: less the event loop's core, see `serving_threads`). Returns the
+    number set."""
     import torch
 
-    n = threads if threads else available_cpus()
+    n = threads if threads else (serving_threads(available_cpus()) if serving else available_cpus())
     torch.set_num_threads(n)
     return n
 
 
-__all__ = ["available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads"]
+__all__ = ["available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads"]

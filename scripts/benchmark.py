@@ -158,16 +158,22 @@ def run_naive(llm: LLM, prompts, params, pairs, counter: FlopCounter) -> Run:
     return run
 
 
-def run_engine(llm: LLM, prompts, params, pairs, counter: FlopCounter, concurrency: int) -> Run:
+def run_engine(llm: LLM, prompts, params, pairs, counter: FlopCounter | None, concurrency: int) -> Run:
+    """The in-process engine in waves of `concurrency` requests (also bench_serving's baseline,
+    which passes no FlopCounter: its hook would cost the engine time the server does not pay)."""
     run = Run("engine", "skill" if pairs else "text")
-    f0, c0, texts = counter.flops, counter.calls, []
+    f0, c0 = (counter.flops, counter.calls) if counter else (0.0, llm.runner.forward_passes)
+    texts: list[str] = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), concurrency):  # waves of `concurrency` requests, like N clients
         results = llm.generate(prompts[i:i + concurrency], params)
         run.tokens += sum(len(r.token_ids) for r in results)
         texts += [r.text for r in results]
     run.seconds = time.perf_counter() - t0
-    run.flops, run.forwards = counter.flops - f0, counter.calls - c0
+    if counter:
+        run.flops, run.forwards = counter.flops - f0, counter.calls - c0
+    else:
+        run.forwards = llm.runner.forward_passes - c0
     score(run, llm, texts, pairs)
     return run
 

@@ -100,6 +100,8 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
     ap.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                     help="debug adds health probes (gRPC Check/Watch, HTTP /health) to the access log")
+    # Hidden, for scripts/bench_serving.py: each step sleeps this long instead of running the model.
+    ap.add_argument("--simulate-step-ms", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
@@ -109,10 +111,16 @@ def serve_from_args(a: argparse.Namespace) -> int:
     from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
-    configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
+    # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
+    # loop from 4 CPUs on (engine/threads.py says why).
+    configure_threads(a.threads, serving=True)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
     llm = LLM.load(a.model, cfg)
+    if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
+        from engine.sim_runner import simulate
+
+        simulate(llm, a.simulate_step_ms / 1000)
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,

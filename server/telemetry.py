@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import structlog
 from opentelemetry import propagate, trace
@@ -77,6 +78,23 @@ def make_tracer_provider(exporter: str = "auto", extra: Optional[SpanExporter] =
     return provider
 
 
+def thread_cpu_clock(ident: int) -> Callable[[], float]:
+    """A reader of one thread's CPU seconds that any thread may call (a scrape runs in its own);
+    NaN where the platform has no per-thread CPU clocks or the thread has ended."""
+    try:
+        clock = time.pthread_getcpuclockid(ident)
+    except (AttributeError, OSError):
+        return lambda: float("nan")
+
+    def read() -> float:
+        try:
+            return time.clock_gettime(clock)
+        except OSError:
+            return float("nan")
+
+    return read
+
+
 class Metrics:
     def __init__(self, registry: Optional[CollectorRegistry] = None):
         r = self.registry = registry or CollectorRegistry()
@@ -98,6 +116,10 @@ class Metrics:
         self.steps = Counter("celeris_steps_total", "Batched denoising steps", registry=r)
         self.open_streams = Gauge("celeris_open_streams", "Streams admitted and not yet closed (parked ones too)",
                                   registry=r)
+        # The loop's own CPU (handlers, message building, serialization): what competes with
+        # the step worker for cores; celeris_step_latency_seconds_sum is the forwards' wall time.
+        self.event_loop_cpu = Gauge("celeris_event_loop_cpu_seconds", "CPU time of the thread running the "
+                                    "asyncio event loop since it started", registry=r)
         self.tokens_per_forward = Histogram("celeris_tokens_per_forward", "Tokens committed per batched step",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
 
@@ -198,6 +220,7 @@ class Telemetry:
         self.metrics.queue_depth.set_function(lambda: scheduler.queued)
         self.metrics.running.set_function(lambda: scheduler.running)
         self.metrics.open_streams.set_function(lambda: scheduler.open)
+        self.metrics.event_loop_cpu.set_function(thread_cpu_clock(threading.get_ident()))
 
     def on_step(self, record: StepRecord) -> None:
         s = record.stats

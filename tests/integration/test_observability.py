@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -112,3 +113,5 @@ async def test_prometheus_metrics_after_real_requests(serve):
     assert values["celeris_forward_passes_total"] >= values["celeris_steps_total"]  # model calls, >= 1 per step
     assert values["celeris_tokens_per_forward_sum"] == 3 * 16 + 1  # every token committed once (+ warm-up)
     assert "celeris_batch_size_bucket" in body and "celeris_running_requests" in body
+    # The event loop's CPU: positive, and no more than this process has used.
+    assert 0 < values["celeris_event_loop_cpu_seconds"] <= time.process_time()

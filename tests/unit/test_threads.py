@@ -92,3 +92,15 @@ def test_configure_threads_explicit_wins(monkeypatch):
         assert threads.configure_threads(2) == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_serving_leaves_the_event_loop_a_core_from_four_cpus(monkeypatch):
+    assert [threads.serving_threads(n) for n in (1, 2, 3, 4, 8, 64)] == [1, 2, 3, 3, 7, 63]
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "available_cpus", lambda: 8)
+    try:
+        assert threads.configure_threads(None, serving=True) == 7
+        assert threads.configure_threads(None) == 8  # run / eval: no event loop to leave room for
+        assert threads.configure_threads(2, serving=True) == 2  # --threads wins
+    finally:
+        torch.set_num_threads(before)
