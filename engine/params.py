@@ -96,7 +96,7 @@ class SamplingParams:
             bad("block_length", f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
         if not 1 <= self.steps <= max(self.gen_length, 1):
             bad("steps", f"must be in [1, gen_length={self.gen_length}], got {self.steps}")
-        elif self.block_length >= 1 and self.gen_length % self.block_length == 0:
+        elif self.gen_length >= 1 and self.block_length >= 1 and self.gen_length % self.block_length == 0:
             blocks = self.gen_length // self.block_length
             if self.steps % blocks:
                 bad("steps", f"must be a multiple of the number of blocks ({blocks}), got {self.steps}")

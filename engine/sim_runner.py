@@ -24,7 +24,8 @@ from engine.sequence import Sequence
 
 
 class SimulatedRunner:
-    """The parts of `engine.runner.Runner` that `StepLoop` uses: `slots`, `load`, `step`."""
+    """The parts of `engine.runner.Runner` that `StepLoop` uses: `slots`, `load`, `step` and the
+    grouping cost (`forward_overhead_tokens`; rows cost their length)."""
 
     def __init__(self, slots: int, step_s: float, token_pool: Seq[int]):
         if step_s < 0:
@@ -33,6 +34,11 @@ class SimulatedRunner:
             raise ValueError("token_pool must hold at least one ordinary token id")
         self.slots, self.step_s, self.pool = slots, step_s, list(token_pool)
         self.forward_passes = 0
+
+    # A simulated step costs the same whatever its rows, so splitting the batch into length
+    # groups (engine.batching.partition) never pays: one forward per step, as on a GPU that
+    # is not yet saturated.
+    forward_overhead_tokens = 1 << 40
 
     def load(self, seq: Sequence) -> None:
         """Nothing to copy: the canvas lives in the Sequence, which `apply` keeps current."""

@@ -30,3 +30,11 @@ def test_explicit_values_are_never_changed():
     with pytest.raises(Exception, match="steps"):
         p.validate(4096)
     assert fit_lengths(DEFAULTS, {"steps": 16}) == SamplingParams(gen_length=64, steps=16, block_length=8)
+
+
+def test_zero_gen_length_is_a_field_error_not_a_crash():
+    # Found by the gRPC fuzz test: gen_length 0 with block_length 1 used to divide by zero blocks.
+    from engine.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="gen_length"):
+        SamplingParams(gen_length=0, steps=1, block_length=1).validate(256)
