@@ -4,6 +4,7 @@ Text: Jane Austen's paragraphs, each as `<|bos|> paragraph <|eos|>`, packed into
 cut into random fixed-length windows (pretraining). Supervised: `tasks.TaskMaker`'s examples
 (continuations, additions, chat turns), responses EOS-padded to a drawn canvas length; only the
 response is ever masked, as in LLaDA's SFT, so the model learns to answer and then pad with EOS.
+Additions also get batches of their own (many problems per step).
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ class Batches:
         examples = [self.tasks.example(canvas)]
         while (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
             examples.append(self.tasks.example(canvas))
+        return pack(examples, PAD_ID)
+
+    def additions(self, tokens: int, most: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Up to `most` addition problems (a third in the chat format), all of one drawn canvas
+        length, in about `tokens` tokens: the skill's own batches, as a tiny model learns
+        carrying only from many problems per step (celeris-tiny v1's finding)."""
+        canvas = self.tasks.canvas()
+        examples = [self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3)]
+        while len(examples) < most and (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
+            examples.append(self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3))
         return pack(examples, PAD_ID)
 
 

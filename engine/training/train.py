@@ -34,7 +34,7 @@ BLOCK = 4  # celeris-tiny-block's trained block size (SDAR's published models us
 NAMES = {"llada": "celeris-tiny", "sdar": "celeris-tiny-block"}
 # The shipped runs: a block model reads every token twice (noisy and clean), so it gets fewer
 # steps of the same size in about the same time.
-STEPS = {"llada": 6000, "sdar": 3000}
+STEPS = {"llada": 15000, "sdar": 7500}
 
 
 def model_config(vocab_size: int, size: str = "base", arch: str = "llada") -> ModelConfig:
@@ -55,7 +55,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
 
 
 def train(out: Path, steps: int = 6000, seed: int = 0, vocab_size: int = 2048, seq_len: int = 128,
-          tokens: int = 4096, text_every: int = 3, lr: float = 2e-3, size: str = "base", arch: str = "llada",
+          tokens: int = 2048, text_every: int = 3, lr: float = 2e-3, size: str = "base", arch: str = "llada",
           cache_dir: Path = Path.home() / ".cache" / "celeris", threads: int = 2,
           checkpoint_every: int = 2000) -> dict:
     """Deterministic for a given seed and step count (the wall clock never decides anything).
@@ -85,6 +85,9 @@ def train(out: Path, steps: int = 6000, seed: int = 0, vocab_size: int = 2048, s
         if step % text_every == 0:
             loss = loss_fn(*batches.text(max(1, tokens // seq_len), seq_len))
             log_text.append(loss.item())
+        elif step % text_every == 1:
+            loss = loss_fn(*batches.additions(tokens))
+            log_sft.append(loss.item())
         else:
             loss = loss_fn(*batches.supervised(tokens))
             log_sft.append(loss.item())
@@ -115,6 +118,11 @@ def _save(model: MaskPredictor, tok, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
     data.save_tokenizer(tok, out)
+    # Serving defaults: max_tokens 64, one token per step, in blocks (semi-autoregressive), so a
+    # short answer is decided in the first block whatever the canvas length.
+    block = BLOCK if model.cfg.family == "block" else 8
+    (out / "generation_config.json").write_text(json.dumps({"gen_length": 64, "steps": 64, "block_length": block},
+                                                           indent=2) + "\n")
 
 
 def _init(model: MaskPredictor) -> None:
@@ -149,7 +157,7 @@ def add_train_args(ap: argparse.ArgumentParser) -> None:
                     help=f"optimizer steps (default: {STEPS['llada']} for llada, {STEPS['sdar']} for sdar)")
     ap.add_argument("--size", choices=sorted(SIZES), default="base", help="model size (small: smoke tests)")
     ap.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default %(default)s)")
-    ap.add_argument("--tokens-per-step", type=int, default=4096, help="training tokens per step (default %(default)s)")
+    ap.add_argument("--tokens-per-step", type=int, default=2048, help="training tokens per step (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "celeris",

@@ -42,8 +42,10 @@ def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
             assert r["steps"] > 0 and r["forward_ms"] > 0 and r["cpu_ms"] > 0 and r["loop_cpu_ms"] > 0
             assert r["latency_p95_ms"] >= r["latency_p50_ms"] >= r["first_p50_ms"] > 0
         blocks = cell["gen_length"] // cell["block_length"]
-        assert blocks < rows["full"]["messages_per_request"] <= cell["steps"]  # one per step (threshold: <= steps)
-        assert rows["block"]["messages_per_request"] == blocks
+        # One message per step (threshold: <= steps) or per finished block; a request that ends
+        # with EOS stops early, so fewer blocks than the canvas holds may be sent.
+        assert 1 <= rows["block"]["messages_per_request"] <= blocks
+        assert rows["block"]["messages_per_request"] < rows["full"]["messages_per_request"] <= cell["steps"]
         assert rows["final"]["messages_per_request"] == 1
         assert rows["full"]["bytes_per_request"] > rows["block"]["bytes_per_request"] > rows["final"]["bytes_per_request"]
     sim = report["simulation"]

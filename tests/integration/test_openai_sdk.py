@@ -34,11 +34,13 @@ def test_stop_strings_cut_completions_streamed_or_not(live):
 
 def test_chat_stop_and_vllm_stop_token_ids(live):
     c = client(live)
-    msgs = [{"role": "user", "content": "Tell me about Emma."}]
-    full = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1)
+    msgs = [{"role": "user", "content": "Continue: It is a truth universally acknowledged"}]
+    long = {"ignore_eos": True}  # celeris-tiny answers briefly; the cut needs text on both sides
+    full = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1, extra_body=long)
     text = full.choices[0].message.content
-    assert text, "the model answered"
-    cut = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1, stop=text[3:6])
+    assert len(text) >= 6, "the model answered"
+    cut = c.chat.completions.create(model="celeris-tiny", messages=msgs, max_tokens=32, seed=1, stop=text[3:6],
+                                    extra_body=long)
     assert cut.choices[0].message.content == text[:text.find(text[3:6])]
     eos_off = c.completions.create(model="celeris-tiny", prompt="37+45=", max_tokens=8, seed=0,
                                    extra_body={"ignore_eos": True})
@@ -47,7 +49,8 @@ def test_chat_stop_and_vllm_stop_token_ids(live):
 
 def test_logprobs_completions_and_chat(live):
     c = client(live)
-    r = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, seed=0, logprobs=2)
+    r = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=16, seed=0, logprobs=2,
+                             extra_body={"ignore_eos": True})  # all 16 tokens, whatever the model's EOS
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 16
     assert "".join(lp.tokens).strip() and all(x <= 0 for x in lp.token_logprobs)

@@ -14,7 +14,7 @@ first_k_dense_replace) `...mlp.{gate,up,down}_proj`, MoE layers `...mlp.gate.wei
 `...mlp.gate.expert_bias`, `...mlp.experts.E.{gate,up,down}_proj`,
 `...mlp.shared_experts.{gate,up,down}_proj`, `model.norm`, `lm_head`.
 
-The tokenizer is celeris-tiny's (ids: 0 pad, 1 bos, 2 eos, 3 mask, vocabulary 1024).
+The tokenizer is celeris-tiny v1's (ids: 0 pad, 1 bos, 2 eos, 3 mask, vocabulary 1024).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parents[3]
-TINY_TOKENIZER = REPO / "engine" / "training" / "celeris-tiny" / "tokenizer.json"
+TINY_TOKENIZER = REPO / "tests" / "unit" / "references" / "tokenizer" / "tokenizer.json"  # celeris-tiny v1's
 # Special ids of that tokenizer.
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
 TOKENIZER_VOCAB = 1024

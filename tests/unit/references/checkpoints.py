@@ -3,7 +3,7 @@
 LLaDA: GSAI-ML/LLaDA-8B-Instruct's config keys (d_model, n_heads, ..., rope_full_precision) and its
 tensor names (`model.transformer.blocks.N.q_proj.weight`, ...). Dream: Dream-org/Dream-v0's Qwen2
 config keys (hidden_size, num_attention_heads, ...) and names (`model.layers.N.self_attn.q_proj.bias`,
-`lm_head.weight`, ...). The tokenizer is the project's embedded celeris-tiny one (1,024 ids, mask 3, EOS 2).
+`lm_head.weight`, ...). The tokenizer is celeris-tiny v1's (1,024 ids, mask 3, EOS 2).
 
 Norm weights are random around 1, not ones: with ones, "multiply by the weight, then cast" and
 "cast, then multiply" agree, and a bfloat16 test could not tell them apart.
@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[3] / "engine" / "training" / "celeris-tiny"
+# celeris-tiny v1's tokenizer (1,024 ids), kept here so the references' fixed outputs do not move
+# when the embedded model is retrained.
+TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 TINY_VOCAB, TINY_MASK, TINY_EOS, TINY_PAD = 1024, 3, 2, 0
 
 
