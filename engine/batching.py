@@ -38,8 +38,9 @@ class Group(Generic[T]):
 
 def partition(rows: Sequence[T], tokens: Callable[[T], int], overhead: float) -> list[Group[T]]:
     """Contiguous groups of the rows sorted by tokens, of least total cost (exact, O(n^2))."""
-    order = sorted(rows, key=tokens)
-    sizes = [tokens(r) for r in order]
+    sized = sorted(((tokens(r), i) for i, r in enumerate(rows)))  # each row's estimate, once
+    order = [rows[i] for _, i in sized]
+    sizes = [t for t, _ in sized]
     n = len(order)
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest grouping of the first j rows
     cut = [0] * (n + 1)

@@ -23,7 +23,7 @@ from engine.sampler import reference_generate
 from engine.sequence import FinishReason
 from engine.training import data, skill
 from engine.training.corpus import load_austen
-from engine.training.objective import block_loss, full_loss
+from engine.training.objective import model_loss
 
 SKILL_DECODERS: dict[str, dict] = {
     "reference (steps=gen_length)": dict(steps=data.SKILL_GEN_LENGTH),
@@ -91,11 +91,7 @@ def heldout_loss(llm, paragraphs: list[str], seq_len: int = 128, windows: int = 
     x = torch.tensor(stream[: (len(stream) // seq_len) * seq_len]).view(-1, seq_len)[:windows]
     real = torch.ones_like(x, dtype=torch.bool)
     gen = torch.Generator().manual_seed(seed)
-    model = llm.model
-    if model.cfg.family == "block":
-        loss = block_loss(model, x, real, real, tok.mask_id, model.cfg.block_length, gen)
-    else:
-        loss = full_loss(model, x, real, real, tok.mask_id, gen)
+    loss = model_loss(llm.model, x, real, real, tok.mask_id, gen)
     return loss.item(), loss.item() / chars_per_token
 
 

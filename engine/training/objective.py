@@ -94,3 +94,12 @@ def block_loss(model: MaskPredictor, x: torch.Tensor, real: torch.Tensor, maskab
     ids = torch.cat([torch.where(masked, mask_id, x), x], dim=1)
     logits = forward_masked(model, ids, torch.cat([pos, pos], dim=1), block_mask(pos, real, block))
     return _weighted_ce(logits[:, :L], x, masked, p_mask, maskable)
+
+
+def model_loss(model: MaskPredictor, x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor,
+               mask_id: int, gen: torch.Generator) -> torch.Tensor:
+    """The model's own objective: SDAR's block loss (in its trained block size) for block
+    models, LLaDA's full-canvas loss otherwise."""
+    if model.cfg.family == "block":
+        return block_loss(model, x, real, maskable, mask_id, model.cfg.block_length, gen)
+    return full_loss(model, x, real, maskable, mask_id, gen)

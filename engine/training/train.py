@@ -25,7 +25,7 @@ from engine.config import ModelConfig
 from engine.model import MaskPredictor, count_parameters
 from engine.training import data, skill
 from engine.training.corpus import corpus_source, load_austen, total_chars
-from engine.training.objective import block_loss, full_loss
+from engine.training.objective import model_loss
 from engine.weights import save_model
 
 # (d_model, heads, layers, mlp) of the sizes tried; "base" is what ships (see the model card).
@@ -72,8 +72,8 @@ def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int
     _init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
-    loss_fn = (lambda x, real, maskable: block_loss(model, x, real, maskable, data.MASK_ID, BLOCK, gen)) \
-        if arch == "sdar" else (lambda x, real, maskable: full_loss(model, x, real, maskable, data.MASK_ID, gen))
+    def loss_fn(x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
+        return model_loss(model, x, real, maskable, data.MASK_ID, gen)
     print(f"{cfg.name} ({arch}, {size}): {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
           f"{len(batches.stream):,} text tokens, {steps} steps ({threads} threads)", flush=True)
 
