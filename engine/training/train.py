@@ -32,9 +32,8 @@ from engine.weights import save_model
 SIZES = {"small": (64, 2, 2, 128), "base": (128, 4, 4, 384), "wide": (192, 6, 4, 512), "deep": (128, 4, 8, 384)}
 BLOCK = 4  # celeris-tiny-block's trained block size (SDAR's published models use 4)
 NAMES = {"llada": "celeris-tiny", "sdar": "celeris-tiny-block"}
-# Default step counts. llada's is the shipped celeris-tiny run (41.5 min on 2 threads). A block
-# model reads every token twice (noisy and clean), so it gets half the steps; that sdar run of
-# recipe v3 has not been made yet (the shipped celeris-tiny-block is recipe v2's, see its card).
+# Default step counts: the shipped runs (2 threads: celeris-tiny 41.5 min, celeris-tiny-block
+# 47.3 min). A block model reads every token twice (noisy and clean), so it gets half the steps.
 STEPS = {"llada": 15000, "sdar": 7500}
 
 
