@@ -15,11 +15,15 @@ a client that opens streams and never reads them holds places, not unbounded mem
 
 Formatting happens off the event loop. A door may pass `submit` a formatter: an opaque callable
 StepEvent -> anything (the engine never looks inside; gRPC builds a GenerateResponse, the HTTP
-gateway an SSE chunk). The step worker calls it once per event, right after `core.step`, in the
-same thread and in step order, and the event reaches the stream with the result in
-`StepEvent.formatted`; the event loop only writes it out. A formatter that raises does not fail
-the step: its exception travels in `formatted` for the door to raise. Only shutdown's cancel
-events are formatted on the loop.
+gateway an SSE chunk). A formatter thread calls it once per event, in step order, and the event
+reaches the stream with the result in `StepEvent.formatted`; the event loop only writes it out.
+A formatter that raises does not fail the step: its exception travels in `formatted` for the
+door to raise. Only shutdown's cancel events are formatted on the loop.
+
+Step n's events are formatted while step n+1 runs (a pipeline of depth one): the step worker
+never waits for formatting, and formatting never falls more than one step behind, because
+step n+1's events are handed over only once step n's are delivered. Events are immutable
+snapshots, so formatting them beside the next step reads nothing that step writes.
 """
 
 from __future__ import annotations
@@ -207,6 +211,9 @@ class Scheduler:
         self._cancelled: list[Sequence] = []
         self._wake = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-step")
+        self._format_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                      thread_name_prefix="celeris-format")
+        self._formatting: Optional[asyncio.Future] = None  # the previous step's events, being formatted
         self._task: Optional[asyncio.Task] = None
         self._stopping = False
         self.accepting = True
@@ -253,11 +260,12 @@ class Scheduler:
             ev = self.core.cancel(stream.seq)
             self._deliver(stream, self._format(ev) if ev is not None else None)
         self._executor.shutdown(wait=True)
+        self._format_executor.shutdown(wait=True)
 
     def submit(self, seq: Sequence, formatter: Optional[Formatter] = None) -> RequestStream:
         """Admit `seq` or raise (Unavailable, Overloaded, InvalidRequest for a duplicate id).
-        `formatter`, if given, turns each of its events into `StepEvent.formatted` in the step
-        worker thread (see the module docstring); it is set before the request can run a step."""
+        `formatter`, if given, turns each of its events into `StepEvent.formatted` in the
+        formatter thread (see the module docstring); it is set before the request can run a step."""
         if not self.accepting:
             raise Unavailable("server is draining; retry on another replica")
         if seq.request_id in self._ids:
@@ -330,7 +338,7 @@ class Scheduler:
     # ------------------------------------------------------------------ loop
 
     def _format(self, ev: StepEvent) -> StepEvent:
-        """`ev` with its door's formatter applied (in the step worker, but for shutdown)."""
+        """`ev` with its door's formatter applied (in the formatter thread, but for shutdown)."""
         fmt = self._formatters.get(ev.ticket)
         if fmt is None:
             return ev
@@ -341,30 +349,49 @@ class Scheduler:
             out = exc
         return dataclasses.replace(ev, formatted=out)
 
-    def _step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
-        """One step and its events' formatting: runs in the step worker thread."""
-        events, record = self.core.step()
-        return [self._format(ev) for ev in events], record
+    def _format_all(self, events: list[StepEvent]) -> list[StepEvent]:
+        return [self._format(ev) for ev in events]
+
+    async def _format_and_deliver(self, events: list[StepEvent]) -> None:
+        formatted = await asyncio.get_running_loop().run_in_executor(self._format_executor, self._format_all, events)
+        for ev in formatted:  # a stream cancelled meanwhile is no longer live: dropped
+            self._deliver(self._live.get(ev.ticket), ev)
+
+    async def _delivered(self) -> None:
+        """Wait until the previous step's events are formatted and delivered."""
+        if self._formatting is not None:
+            pending, self._formatting = self._formatting, None
+            await pending
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        finally:  # nothing a finished step produced is lost when the loop stops
+            await self._delivered()
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             self._apply_cancellations()
             if self.core.idle:
+                # Clear before delivering: a request submitted by a reader of these last events
+                # sets the event again, so the wait below cannot miss it.
                 self._wake.clear()
+                await self._delivered()
                 await self._wake.wait()
                 await asyncio.sleep(0)  # let requests that arrived together join the same step
                 continue
             try:
-                events, record = await loop.run_in_executor(self._executor, self._step)
+                events, record = await loop.run_in_executor(self._executor, self.core.step)
             except Exception as exc:  # keep serving: end this batch's requests, not the loop
                 log.exception("denoising step failed; ending %d request(s)", self.running)
+                await self._delivered()  # the steps before the failure reach their streams first
                 for seq in self.core.fail_running():
                     self._fail(seq, StepFailed(f"denoising step failed: {exc!r}"))
                 continue
             self.steps += record is not None
-            for ev in events:  # a stream cancelled while the step ran is no longer live: dropped
-                self._deliver(self._live.get(ev.ticket), ev)
             if record is not None and self.on_step is not None:
                 self.on_step(record)
+            await self._delivered()  # at most one step's events in formatting
+            self._formatting = asyncio.ensure_future(self._format_and_deliver(events))
             await asyncio.sleep(0)  # let handlers consume and new requests arrive between steps

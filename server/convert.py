@@ -1,7 +1,7 @@
 """The only protobuf <-> engine mapping.
 
 Generate's messages are built by a `ChoiceFormatter` per choice, which the servicer hands to the
-scheduler (Scheduler.submit): it runs in the step worker thread, once per step event, so the
+scheduler (Scheduler.submit): it runs in the scheduler's formatter thread, once per step event, so the
 event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
 messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions), their text pieces kept by the
 engine's incremental detokenizer.
@@ -172,7 +172,7 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
 class ChoiceFormatter:
     """Builds the messages of one choice from its step events (None: nothing to send this step).
 
-    Called by the step worker, in step order, never on the event loop. Keeps what a delta needs
+    Called by the formatter thread, in step order, never on the event loop. Keeps what a delta needs
     between messages: positions committed since the last message sent and the canvas pieces."""
 
     plan: StreamPlan

@@ -272,7 +272,7 @@ class HttpGateway:
 
                 def formatter(seq: Sequence) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
                     """Choice k's Responder, made as it is admitted (choices in order; all share the
-                    first choice's id); streams get its formatter, run in the step worker."""
+                    first choice's id); streams get its formatter, run in the formatter thread."""
                     k = len(responders)
                     rid = responders[0].request_id if responders else seq.request_id
                     responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
@@ -326,7 +326,7 @@ class HttpGateway:
     async def _stream(self, request: web.Request, responders: list[Responder],
                       lives: list[LiveRequest]) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
-        already built by each choice's formatter in the step worker."""
+        already built by each choice's formatter in the formatter thread."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
         await resp.prepare(request)

@@ -1,0 +1,104 @@
+"""engine.scheduler: step n's events are formatted in the formatter thread while step n+1 runs,
+in step order, never more than one step behind, and nothing a step produced is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sim_runner import simulate
+
+STEP_S = 0.02
+
+
+@pytest.fixture
+def sim_llm(tiny_model_dir):
+    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_queue=8, max_prompt_tokens=64, max_gen_length=64))
+    simulate(llm, STEP_S)
+    return llm
+
+
+class SlowFormatter:
+    """Records where and when each event is formatted; takes most of a step to do it."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def __call__(self, ev):
+        start = time.monotonic()
+        time.sleep(0.7 * STEP_S)
+        self.log.append((ev.request_id, ev.step, threading.current_thread().name, start, time.monotonic()))
+        return f"{ev.request_id}:{ev.step}"
+
+
+async def _serve(llm, prompts, params, stop_early: bool = False):
+    steps: list = []
+    sched = Scheduler(llm.loop, on_step=steps.append)
+    sched.start()
+    log: list = []
+    streams = [sched.submit(llm.request(p, params, request_id=f"r{i}"), SlowFormatter(log))
+               for i, p in enumerate(prompts)]
+
+    async def read(stream):
+        return [ev.formatted async for ev in stream]
+
+    if stop_early:  # stop while steps are in flight: every event that reached a stream is formatted
+        reads = [asyncio.ensure_future(read(s)) for s in streams]
+        await asyncio.sleep(3 * STEP_S)
+        await sched.stop()
+        return await asyncio.gather(*reads), log, steps
+    got = await asyncio.gather(*(read(s) for s in streams))
+    await sched.stop()
+    return got, log, steps
+
+
+def test_events_are_formatted_beside_the_next_step_in_order(sim_llm):
+    params = SamplingParams(gen_length=8, steps=8, block_length=8, seed=0)
+    got, log, steps = asyncio.run(_serve(sim_llm, ["Emma", "Anne"], params))
+    for i, messages in enumerate(got):  # every step's message, in step order
+        assert messages == [f"r{i}:{k}" for k in range(8)]
+    assert {name for *_, name, _, _ in log} == {"celeris-format_0"}
+    # Formatting of step k overlaps step k+1's forward (the step worker never waited for it).
+    step_spans = [(r.started, r.ended) for r in steps]
+    wall = time.time() - time.monotonic()
+    overlapped = sum(any(s < f_end + wall and f_start + wall < e for s, e in step_spans)
+                     for _, _, _, f_start, f_end in log)
+    assert overlapped >= len(log) // 2
+    # Never more than one step behind: a step's events are formatted before the step after next ends.
+    for rid, k, _, _, f_end in log:
+        if k + 2 < len(steps):
+            assert f_end + wall <= steps[k + 2].ended
+
+
+def test_stop_loses_no_formatted_event(sim_llm):
+    params = SamplingParams(gen_length=64, steps=64, block_length=8, seed=0)
+    got, log, steps = asyncio.run(_serve(sim_llm, ["Emma"], params, stop_early=True))
+    (messages,) = got
+    assert messages and all(m is not None for m in messages)
+    assert messages[:len(steps)] == [f"r0:{k}" for k in range(len(steps))]  # every step ran reached the stream
+
+
+def test_a_request_submitted_on_the_last_event_is_served(sim_llm):
+    """The last events of an idle engine are delivered while the loop goes to sleep; a reader
+    that submits its next request on them must wake it (a lost wake-up hung `celeris bench`)."""
+    params = SamplingParams(gen_length=8, steps=4, block_length=8, seed=0)
+
+    async def go():
+        sched = Scheduler(sim_llm.loop)
+        sched.start()
+        done = 0
+        for i in range(5):  # one at a time: each submit lands as the engine turns idle
+            with sched.submit(sim_llm.request("Emma", params, request_id=f"r{i}")) as stream:
+                events = [ev async for ev in stream]
+            done += events[-1].finished
+        await sched.stop()
+        return done
+
+    assert asyncio.run(asyncio.wait_for(go(), timeout=30)) == 5
