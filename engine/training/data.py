@@ -13,6 +13,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -70,19 +71,24 @@ class Batches:
     def supervised(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """About `tokens` tokens of examples, all of one canvas length (drawn per batch)."""
         canvas = self.tasks.canvas()
-        examples = [self.tasks.example(canvas)]
-        while (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
-            examples.append(self.tasks.example(canvas))
-        return pack(examples, PAD_ID)
+        return self._fill(lambda: self.tasks.example(canvas), canvas, tokens)
 
     def additions(self, tokens: int, most: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Up to `most` addition problems (a third in the chat format), all of one drawn canvas
         length, in about `tokens` tokens: the skill's own batches, as a tiny model learns
         carrying only from many problems per step (celeris-tiny v1's finding)."""
         canvas = self.tasks.canvas()
-        examples = [self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3)]
-        while len(examples) < most and (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
-            examples.append(self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3))
+        return self._fill(lambda: self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3), canvas, tokens,
+                          most)
+
+    @staticmethod
+    def _fill(draw, canvas: int, tokens: int, most: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Examples from `draw()` while the padded batch (rows x widest prompt + canvas) stays
+        within `tokens` (and `most` rows); always at least one."""
+        examples = [draw()]
+        while (most is None or len(examples) < most) and \
+                (len(examples) + 1) * (max(len(e.prompt) for e in examples) + canvas) <= tokens:
+            examples.append(draw())
         return pack(examples, PAD_ID)
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-REPO = Path(__file__).resolve().parents[3]
-TINY_TOKENIZER = REPO / "tests" / "unit" / "references" / "tokenizer" / "tokenizer.json"  # celeris-tiny v1's
+from tests.unit.references.checkpoints import TOKENIZER_DIR
+
+TINY_TOKENIZER = TOKENIZER_DIR / "tokenizer.json"  # celeris-tiny v1's, shared with tests/unit/references
 # Special ids of that tokenizer.
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
 TOKENIZER_VOCAB = 1024
