@@ -4,9 +4,13 @@
 in a bounded queue, join the running batch when a slot frees, and leave it between steps. Each
 step runs one forward for one group of like-length running requests (engine/batching.py), so
 a short request never pays for a long one's padding.
-`Scheduler` drives one `StepLoop` from asyncio: the forward runs in a worker thread so the event
-loop keeps serving RPCs, and each request's step events go to its own `RequestStream`. One loop,
-batched forwards over the running requests — never one forward per request.
+`Scheduler` serves one `StepLoop` to asyncio. A step worker thread owns it: it steps back to
+back while there is work and, between steps, applies cancellations and admits waiting requests
+itself, so the event loop is never on a step's critical path (at a GPU's pace every hand-off
+through the loop is time the GPU idles). The loop only queues requests (`StepLoop.add`: a deque
+append, safe beside a step), marks cancellations for the worker, and writes each request's step
+events to its own `RequestStream`. One worker, batched forwards over the running requests —
+never one forward per request.
 
 `submit` admits eagerly: a full queue, too many open streams, draining or a duplicate id raise
 there, before a stream exists, so no front door sees admission errors arrive through a stream.
@@ -20,9 +24,9 @@ reaches the stream with the result in `StepEvent.formatted`; the event loop only
 A formatter that raises does not fail the step: its exception travels in `formatted` for the
 door to raise. Only shutdown's cancel events are formatted on the loop.
 
-Step n's events are formatted while step n+1 runs (a pipeline of depth one): the step worker
-never waits for formatting, and formatting never falls more than one step behind, because
-step n+1's events are handed over only once step n's are delivered. Events are immutable
+Step n's events are formatted and delivered while step n+1 runs (a pipeline of depth one): the
+step worker never waits for formatting, and delivery never falls more than one step behind,
+because the worker hands over step n+1's events only once step n's are in their streams. Events are immutable
 snapshots, so formatting them beside the next step reads nothing that step writes.
 """
 
@@ -33,6 +37,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -208,13 +213,13 @@ class Scheduler:
         self._ids: dict[str, RequestStream] = {}  # request id -> stream, while the engine has it
         self._formatters: dict[int, Formatter] = {}  # ticket -> the door's formatter, while live
         self._open = 0
-        self._cancelled: list[Sequence] = []
-        self._wake = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-step")
+        # Requests to cancel, appended on the loop, applied by the worker between steps.
+        self._cancelled: collections.deque[Sequence] = collections.deque()
+        self._kick = threading.Event()  # wakes an idle worker (new work, cancellation, stop)
+        self._kick_pending = False
         self._format_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                                       thread_name_prefix="celeris-format")
-        self._formatting: Optional[asyncio.Future] = None  # the previous step's events, being formatted
-        self._task: Optional[asyncio.Task] = None
+        self._worker: Optional[asyncio.Future] = None  # done when the step worker has returned
         self._stopping = False
         self.accepting = True
         self.steps = 0
@@ -240,26 +245,38 @@ class Scheduler:
         return self._open
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="celeris-step-loop")
+        if self._worker is None:
+            loop = asyncio.get_running_loop()
+            done: concurrent.futures.Future = concurrent.futures.Future()
+
+            def work() -> None:
+                try:
+                    self._work(loop)
+                except BaseException as exc:  # never expected: the worker catches step failures
+                    done.set_exception(exc)
+                else:
+                    done.set_result(None)
+
+            # A daemon thread: a scheduler never stopped must not hold the interpreter at exit.
+            threading.Thread(target=work, name="celeris-step", daemon=True).start()
+            self._worker = asyncio.wrap_future(done)
 
     async def stop(self) -> None:
         """Refuse new work, let the step in flight finish (the worker is never cut mid-step), then
         cancel what is left."""
         self.accepting = False
         self._stopping = True
-        self._wake.set()
-        if self._task is not None:
+        self._kick.set()
+        if self._worker is not None:
             try:
-                await self._task
+                await self._worker  # it ends after the step in flight, its events delivered
             except (asyncio.CancelledError, Exception):  # stopping must always complete
-                pass
-            self._task = None
-        self._apply_cancellations()
+                log.exception("the step worker failed")
+            self._worker = None
+        self._apply_cancellations()  # the worker is gone: the loop owns the StepLoop now
         for stream in list(self._live.values()):
             ev = self.core.cancel(stream.seq)
             self._deliver(stream, self._format(ev) if ev is not None else None)
-        self._executor.shutdown(wait=True)
         self._format_executor.shutdown(wait=True)
 
     def submit(self, seq: Sequence, formatter: Optional[Formatter] = None) -> RequestStream:
@@ -282,7 +299,7 @@ class Scheduler:
         stream = RequestStream(self, seq)
         self._live[seq.ticket] = self._ids[seq.request_id] = stream
         self._open += 1
-        self._wake.set()
+        self._kick_soon()
         return stream
 
     def cancel(self, request_id: str) -> None:
@@ -305,7 +322,7 @@ class Scheduler:
         if cancel:
             self._cancelled.append(stream.seq)
             stream.queue.put_nowait(_DONE)
-            self._wake.set()
+            self._kick.set()
 
     def _close(self, stream: RequestStream) -> None:
         if stream.closed:
@@ -331,11 +348,10 @@ class Scheduler:
             stream.queue.put_nowait(_DONE)
 
     def _apply_cancellations(self) -> None:
-        for seq in self._cancelled:
-            self.core.cancel(seq)
-        self._cancelled.clear()
+        while self._cancelled:
+            self.core.cancel(self._cancelled.popleft())
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ the step worker
 
     def _format(self, ev: StepEvent) -> StepEvent:
         """`ev` with its door's formatter applied (in the formatter thread, but for shutdown)."""
@@ -349,49 +365,85 @@ class Scheduler:
             out = exc
         return dataclasses.replace(ev, formatted=out)
 
-    def _format_all(self, events: list[StepEvent]) -> list[StepEvent]:
-        return [self._format(ev) for ev in events]
+    def _format_and_post(self, loop: asyncio.AbstractEventLoop, events: list[StepEvent]) -> threading.Event:
+        """Formatter thread: format one step's events, hand them to the event loop to write out.
+        The returned event is set once they are in their streams."""
+        delivered = threading.Event()
+        formatted = [self._format(ev) for ev in events]
+        if not _post(loop, self._deliver_step, formatted, delivered):
+            delivered.set()  # no loop left to deliver to: nothing to wait for
+        return delivered
 
-    async def _format_and_deliver(self, events: list[StepEvent]) -> None:
-        formatted = await asyncio.get_running_loop().run_in_executor(self._format_executor, self._format_all, events)
-        for ev in formatted:  # a stream cancelled meanwhile is no longer live: dropped
-            self._deliver(self._live.get(ev.ticket), ev)
-
-    async def _delivered(self) -> None:
-        """Wait until the previous step's events are formatted and delivered."""
-        if self._formatting is not None:
-            pending, self._formatting = self._formatting, None
-            await pending
-
-    async def _run(self) -> None:
+    def _deliver_step(self, formatted: list[StepEvent], delivered: threading.Event) -> None:
         try:
-            await self._steps()
-        finally:  # nothing a finished step produced is lost when the loop stops
-            await self._delivered()
+            for ev in formatted:  # a stream cancelled meanwhile is no longer live: dropped
+                self._deliver(self._live.get(ev.ticket), ev)
+        finally:
+            delivered.set()
 
-    async def _steps(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            self._apply_cancellations()
-            if self.core.idle:
-                # Clear before delivering: a request submitted by a reader of these last events
-                # sets the event again, so the wait below cannot miss it.
-                self._wake.clear()
-                await self._delivered()
-                await self._wake.wait()
-                await asyncio.sleep(0)  # let requests that arrived together join the same step
-                continue
-            try:
-                events, record = await loop.run_in_executor(self._executor, self.core.step)
-            except Exception as exc:  # keep serving: end this batch's requests, not the loop
-                log.exception("denoising step failed; ending %d request(s)", self.running)
-                await self._delivered()  # the steps before the failure reach their streams first
-                for seq in self.core.fail_running():
-                    self._fail(seq, StepFailed(f"denoising step failed: {exc!r}"))
-                continue
-            self.steps += record is not None
-            if record is not None and self.on_step is not None:
-                self.on_step(record)
-            await self._delivered()  # at most one step's events in formatting
-            self._formatting = asyncio.ensure_future(self._format_and_deliver(events))
-            await asyncio.sleep(0)  # let handlers consume and new requests arrive between steps
+    def _stepped(self, record: StepRecord) -> None:
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(record)
+
+    def _failed(self, seqs: list[Sequence], exc: Exception) -> None:
+        for seq in seqs:
+            self._fail(seq, StepFailed(f"denoising step failed: {exc!r}"))
+
+    def _kick_soon(self) -> None:
+        """Wake the worker at the end of this loop iteration, so requests submitted together
+        (several handlers in one iteration) join the same first step."""
+        if not self._kick_pending:
+            self._kick_pending = True
+            asyncio.get_running_loop().call_soon(self._kick_now)
+
+    def _kick_now(self) -> None:
+        self._kick_pending = False
+        self._kick.set()
+
+    def _work(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The step worker: steps back to back while there is work, applying cancellations and
+        admitting between steps itself, so the event loop is never on a step's critical path.
+        Step n's events go to the formatter thread while step n+1 runs; the worker waits for
+        step n to be delivered before handing over step n+1 (one step deep: a stalled loop
+        stalls the worker after one step, it never piles up events)."""
+        previous: Optional[concurrent.futures.Future] = None
+
+        def settle() -> None:  # the previous step's events are in their streams
+            nonlocal previous
+            if previous is not None:
+                pending, previous = previous, None
+                pending.result().wait()
+
+        try:
+            while True:
+                self._apply_cancellations()
+                if self._stopping:
+                    return
+                if self.core.idle:
+                    settle()
+                    self._kick.wait()
+                    self._kick.clear()  # then look again: whatever set it is visible by now
+                    continue
+                try:
+                    events, record = self.core.step()
+                except Exception as exc:  # keep serving: end this batch's requests, not the worker
+                    log.exception("denoising step failed; ending %d request(s)", len(self.core.running))
+                    settle()  # the steps before the failure reach their streams first
+                    _post(loop, self._failed, self.core.fail_running(), exc)
+                    continue
+                if record is not None:
+                    _post(loop, self._stepped, record)
+                settle()
+                previous = self._format_executor.submit(self._format_and_post, loop, events)
+        finally:  # nothing a finished step produced is lost when the worker stops
+            settle()
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> bool:
+    """Run fn(*args) on the event loop, from another thread; False once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        return False
+    return True

@@ -25,12 +25,18 @@ class FinishReason(enum.Enum):
 
 def stop_cut(ids: Iterable[int], stop_ids: frozenset[int], mask_id: Optional[int] = None) -> int:
     """Length of the prefix of `ids` before the first stop token (or, given `mask_id`, the first
-    still-masked position). The one stop-cut rule: every "ids up to the first stop" uses it."""
-    n = 0
-    for t in ids:
-        if t in stop_ids or t == mask_id:
-            break
-        n += 1
+    still-masked position). The one stop-cut rule: every "ids up to the first stop" uses it.
+
+    It runs on every request's event of every step, in the step worker: one C-level `index`
+    scan per stop id, each bounded by the cut found so far, instead of a Python loop over the
+    canvas (at gen_length 256 and batch 32 that loop cost about a millisecond a step)."""
+    seq = ids if isinstance(ids, (list, tuple)) else list(ids)
+    n = len(seq)
+    for t in stop_ids if mask_id is None else (*stop_ids, mask_id):
+        try:
+            n = seq.index(t, 0, n)
+        except ValueError:
+            pass
     return n
 
 

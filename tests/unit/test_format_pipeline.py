@@ -102,3 +102,26 @@ def test_a_request_submitted_on_the_last_event_is_served(sim_llm):
         return done
 
     assert asyncio.run(asyncio.wait_for(go(), timeout=30)) == 5
+
+
+def test_the_worker_steps_without_the_event_loop_and_at_most_one_step_ahead(sim_llm):
+    """The step worker starts each step itself: with the event loop blocked it runs the step in
+    flight and the next one, then waits for the first's events to be delivered (one step deep)."""
+    params = SamplingParams(gen_length=16, steps=16, block_length=8, seed=0)
+    runner = sim_llm.runner
+
+    async def go():
+        sched = Scheduler(sim_llm.loop)
+        sched.start()
+        stream = sched.submit(sim_llm.request("Emma", params, request_id="r0"))
+        await asyncio.sleep(0)  # the wake-up runs at the end of this iteration
+        time.sleep(12 * STEP_S)  # block the event loop: no hand-off through it can happen
+        blocked_steps = runner.forward_passes
+        events = [ev async for ev in stream]
+        stream.close()
+        await sched.stop()
+        return blocked_steps, events
+
+    blocked_steps, events = asyncio.run(asyncio.wait_for(go(), timeout=30))
+    assert blocked_steps == 2
+    assert [ev.step for ev in events] == list(range(16)) and events[-1].finished
