@@ -73,11 +73,13 @@ class Batches:
         canvas = self.tasks.canvas()
         return self._fill(lambda: self.tasks.example(canvas), canvas, tokens)
 
-    def additions(self, tokens: int, most: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Up to `most` addition problems (a third in the chat format), all of one drawn canvas
-        length, in about `tokens` tokens: the skill's own batches, as a tiny model learns
-        carrying only from many problems per step (celeris-tiny v1's finding)."""
-        canvas = self.tasks.canvas()
+    def additions(self, tokens: int, most: int = 256, canvas_weights: Optional[tuple[int, ...]] = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Up to `most` addition problems (a third in the chat format), all of one canvas length
+        (drawn by `canvas_weights`, default the supervised mix's), in about `tokens` tokens: the
+        skill's own batches, as a tiny model learns carrying only from many problems per step
+        (celeris-tiny v1's finding)."""
+        canvas = self.tasks.canvas(canvas_weights)
         return self._fill(lambda: self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3), canvas, tokens,
                           most)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from engine.training import skill
 
@@ -28,6 +29,9 @@ CANVASES = (4, 8, 16, 32, 64, 128, 256)  # canvas lengths responses are padded t
 # Relative frequency of each canvas length: long canvases cost more per example, short ones
 # carry most of the answers, and every length a user may pick must be seen.
 CANVAS_WEIGHTS = (3, 2, 2, 2, 3, 1, 1)
+# The long-canvas phase's addition batches (engine/training/train.py): mostly 128 and 256, where
+# a full-canvas model must keep a two-digit answer beside ~250 still-masked positions.
+LONG_CANVAS_WEIGHTS = (1, 1, 1, 1, 2, 3, 9)
 MAX_PROMPT_WORDS = 24
 
 
@@ -46,8 +50,8 @@ class TaskMaker:
         self.paragraphs = [(title, p) for title, ps in paragraphs.items() for p in ps if len(p.split()) >= 6]
         self.pairs = skill.train_pairs(40_000, seed=skill.SEED + seed)
 
-    def canvas(self) -> int:
-        return self.rng.choices(CANVASES, CANVAS_WEIGHTS)[0]
+    def canvas(self, weights: Optional[tuple[int, ...]] = None) -> int:
+        return self.rng.choices(CANVASES, weights or CANVAS_WEIGHTS)[0]
 
     def pad(self, ids: list[int], canvas: int) -> list[int]:
         return ids[:canvas] + [self.eos] * (canvas - len(ids))

@@ -8,6 +8,13 @@ Every third step is a pretraining step (random windows of the novels, every toke
 the others are supervised steps (`tasks.TaskMaker`: continuations, additions and chat turns,
 responses EOS-padded to a drawn canvas length, only the response maskable). The losses are
 LLaDA's (full canvas) and SDAR's block-diffusion loss (`objective.py`).
+
+celeris-tiny then runs a long-canvas phase (`LONG_STEPS`): the same mix, from a fresh optimizer
+and a short learning-rate schedule of its own, but its addition batches are drawn mostly at
+canvases 128 and 256 (`tasks.LONG_CANVAS_WEIGHTS`). A full-canvas model decodes a short answer
+beside every still-masked position of the canvas; the main phase sees too few 256-position
+addition canvases (seven fit a 2,048-token batch) for the answer to survive 250 masks beside it.
+The phase is seeded on its own (`seed + 7`), so it is a function of the main phase's weights.
 """
 
 from __future__ import annotations
@@ -18,12 +25,13 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from engine.config import ModelConfig
 from engine.model import MaskPredictor, count_parameters
-from engine.training import data, skill
+from engine.training import data, skill, tasks
 from engine.training.corpus import corpus_source, load_austen, total_chars
 from engine.training.objective import model_loss
 from engine.weights import save_model
@@ -35,6 +43,10 @@ NAMES = {"llada": "celeris-tiny", "sdar": "celeris-tiny-block"}
 # Default step counts: the shipped runs (2 threads: celeris-tiny 41.5 min, celeris-tiny-block
 # 47.3 min). A block model reads every token twice (noisy and clean), so it gets half the steps.
 STEPS = {"llada": 15000, "sdar": 7500}
+# The long-canvas phase after the main one (see the docstring): steps, peak learning rate.
+# celeris-tiny-block decodes in blocks of 4 whatever the canvas and needs none (95% at 256).
+LONG_STEPS = {"llada": 3000, "sdar": 0}
+LONG_LR = 5e-4
 
 
 def model_config(vocab_size: int, size: str = "base", arch: str = "llada") -> ModelConfig:
@@ -57,9 +69,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
 def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int = 2048, seq_len: int = 128,
           tokens: int = 2048, text_every: int = 3, lr: float = 2e-3, size: str = "base", arch: str = "llada",
           cache_dir: Path = Path.home() / ".cache" / "celeris", threads: int = 2,
-          checkpoint_every: int = 2000) -> dict:
-    """Deterministic for a given seed and step count (the wall clock never decides anything).
-    Each step trains on about `tokens` tokens (a block model reads each twice: noisy and clean)."""
+          checkpoint_every: int = 2000, long_steps: Optional[int] = None) -> dict:
+    """Defined by the seed and step counts (the wall clock never decides anything): every batch
+    and mask is drawn from seeded generators. Not bit-exact across reruns on several threads
+    (two runs of the same 120 steps ended with different weight bytes: parallel float
+    accumulation), so a rerun reproduces the measured figures, not the file.
+    Each step trains on about `tokens` tokens (a block model reads each twice: noisy and clean).
+    `long_steps` (default `LONG_STEPS[arch]`) of the long-canvas phase follow the main `steps`."""
+    long_steps = LONG_STEPS[arch] if long_steps is None else long_steps
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     novels = load_austen(cache_dir)
@@ -69,24 +86,49 @@ def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int
     cfg = model_config(tok.get_vocab_size(), size, arch)
     model = MaskPredictor(cfg)
     _init(model)
+    print(f"{cfg.name} ({arch}, {size}): {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
+          f"{len(batches.stream):,} text tokens, {steps} + {long_steps} steps ({threads} threads)", flush=True)
+    t0 = time.time()
+    phase = dict(model=model, tokens=tokens, seq_len=seq_len, text_every=text_every,
+                 save=lambda: _save(model, tok, out), checkpoint_every=checkpoint_every)
+    _phase("main", batches, torch.Generator().manual_seed(seed), steps, lr, warmup=200, **phase)
+    if long_steps:
+        _phase("long-canvas", data.make_batches(tok, novels, seed + 7), torch.Generator().manual_seed(seed + 7),
+               long_steps, LONG_LR, warmup=50, canvas_weights=tasks.LONG_CANVAS_WEIGHTS, **phase)
+
+    _save(model, tok, out)
+    info = {"arch": arch, "size": size, "steps": steps, "long_steps": long_steps,
+            "minutes": round((time.time() - t0) / 60, 1), "seed": seed,
+            "threads": threads, "tokens_per_step": tokens, "parameters": count_parameters(model),
+            "vocab_size": cfg.vocab_size, "text_tokens": len(batches.stream), "corpus": corpus_source(cache_dir),
+            "corpus_chars": total_chars(novels), "heldout_paragraphs": len(held_pars)}
+    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"saved {out} after {steps} + {long_steps} steps", flush=True)
+    return info
+
+
+def _phase(name: str, batches: data.Batches, gen: torch.Generator, steps: int, lr: float, warmup: int,
+           model: MaskPredictor, tokens: int, seq_len: int, text_every: int, save, checkpoint_every: int,
+           canvas_weights: Optional[tuple[int, ...]] = None) -> None:
+    """`steps` optimizer steps from a fresh AdamW, warmup then cosine to `lr`/10: every
+    `text_every`-th step pretraining text, the one after it an addition batch (its canvas drawn
+    by `canvas_weights`, default the supervised mix's), the others supervised examples."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(seed)
+
     def loss_fn(x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
         return model_loss(model, x, real, maskable, data.MASK_ID, gen)
-    print(f"{cfg.name} ({arch}, {size}): {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
-          f"{len(batches.stream):,} text tokens, {steps} steps ({threads} threads)", flush=True)
 
     t0 = time.time()
     log_text: list[float] = []
     log_sft: list[float] = []
     for step in range(1, steps + 1):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step - 1, steps, lr)
+            group["lr"] = lr_at(step - 1, steps, lr, warmup)
         if step % text_every == 0:
             loss = loss_fn(*batches.text(max(1, tokens // seq_len), seq_len))
             log_text.append(loss.item())
         elif step % text_every == 1:
-            loss = loss_fn(*batches.additions(tokens))
+            loss = loss_fn(*batches.additions(tokens, canvas_weights=canvas_weights))
             log_sft.append(loss.item())
         else:
             loss = loss_fn(*batches.supervised(tokens))
@@ -96,22 +138,13 @@ def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % checkpoint_every == 0 and step < steps:  # something to evaluate while training goes on
-            _save(model, tok, out)
+            save()
         if step % 100 == 0 or step == steps:
             rate = step / (time.time() - t0)
-            print(f"step {step}/{steps} ({100 * step / steps:.0f}%) text loss {_mean(log_text):.3f} "
+            print(f"{name} step {step}/{steps} ({100 * step / steps:.0f}%) text loss {_mean(log_text):.3f} "
                   f"supervised loss {_mean(log_sft):.3f} lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} step/s "
                   f"ETA {(steps - step) / rate / 60:.1f} min", flush=True)
             log_text, log_sft = [], []
-
-    _save(model, tok, out)
-    info = {"arch": arch, "size": size, "steps": steps, "minutes": round((time.time() - t0) / 60, 1), "seed": seed,
-            "threads": threads, "tokens_per_step": tokens, "parameters": count_parameters(model),
-            "vocab_size": cfg.vocab_size, "text_tokens": len(batches.stream), "corpus": corpus_source(cache_dir),
-            "corpus_chars": total_chars(novels), "heldout_paragraphs": len(held_pars)}
-    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"saved {out} after {steps} steps", flush=True)
-    return info
 
 
 def _save(model: MaskPredictor, tok, out: Path) -> None:

@@ -108,9 +108,10 @@ async def test_grpc_stop_strings_cut_the_final_text():
     from engine.llm import LLM
 
     llm = LLM.load()
-    base = dict(prompt="It is a truth universally", gen_length=32, steps=32, block_length=8, seed=0)
+    base = dict(prompt="She was", gen_length=32, steps=32, block_length=8, seed=0)  # a full canvas of text
     async with running_server(llm) as (_, stub, _):
         full = (await collect(stub.Generate(pb.GenerateRequest(**base))))[-1]
+        assert len(full.text) >= 24, full.text  # the test needs text past the stop
         stop = full.text[14:18]
         cut = (await collect(stub.Generate(pb.GenerateRequest(**base, stop=[stop]))))[-1]
     assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == pb.FINISH_REASON_STOP

@@ -9,6 +9,7 @@ from engine.llm import LLM
 from tests.integration.live_server import live_server
 
 PROSE = "It is a truth universally"
+LONG_PROSE = "She was"  # answered with a full 32-token canvas (PROSE ends early)
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +24,13 @@ def client(live) -> openai.OpenAI:
 
 def test_stop_strings_cut_completions_streamed_or_not(live):
     c = client(live)
-    full = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0).choices[0].text
+    full = c.completions.create(model="celeris-tiny", prompt=LONG_PROSE, max_tokens=32, seed=0).choices[0].text
+    assert len(full) >= 24, full  # the test needs text past the stop
     stop = full[14:18]
-    cut = c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0, stop=[stop, "zzzz"])
+    cut = c.completions.create(model="celeris-tiny", prompt=LONG_PROSE, max_tokens=32, seed=0, stop=[stop, "zzzz"])
     assert cut.choices[0].text == full[:full.find(stop)] and cut.choices[0].finish_reason == "stop"
     streamed = "".join(ch.choices[0].text for ch in c.completions.create(
-        model="celeris-tiny", prompt=PROSE, max_tokens=32, seed=0, stop=stop, stream=True))
+        model="celeris-tiny", prompt=LONG_PROSE, max_tokens=32, seed=0, stop=stop, stream=True))
     assert streamed == cut.choices[0].text  # nothing past the stop was ever sent
 
 

@@ -55,13 +55,15 @@ def test_bad_stop_options_are_refused(tiny, kw, field):
 
 
 PROSE = "It is a truth universally"
+LONG_PROSE = "She was"  # celeris-tiny answers it with a full 32-token canvas (PROSE ends early)
 
 
 def test_stop_strings_cut_the_text_where_they_begin_and_end_the_request_early(tiny):
     params = dict(gen_length=32, steps=32, block_length=8, seed=0)
-    full = tiny.generate_one(PROSE, SamplingParams(**params))
+    full = tiny.generate_one(LONG_PROSE, SamplingParams(**params))
+    assert len(full.text) >= 24, full.text  # the test needs text past the stop
     stop = full.text[14:18]  # a string inside the output, likely across token boundaries
-    cut = tiny.generate_one(PROSE, SamplingParams(**params, stop=(stop, "never in the text")))
+    cut = tiny.generate_one(LONG_PROSE, SamplingParams(**params, stop=(stop, "never in the text")))
     assert cut.text == full.text[:full.text.find(stop)]
     assert cut.finish_reason.value == "stop" and cut.steps < full.steps  # the next blocks never ran
     ids = cut.token_ids

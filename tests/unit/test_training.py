@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,8 +63,8 @@ def test_distinct_ngrams():
 def test_training_smoke_run_produces_a_loadable_model(tmp_path, arch):
     cache = tmp_path / "cache"
     info = train(tmp_path / "model", steps=6, size="small", arch=arch, cache_dir=cache, vocab_size=512,
-                 checkpoint_every=3, tokens=512, threads=1)
-    assert info["steps"] == 6 and info["corpus"]["package"] == "r-cran-janeaustenr"
+                 checkpoint_every=3, tokens=512, threads=1, long_steps=3)
+    assert info["steps"] == 6 and info["long_steps"] == 3 and info["corpus"]["package"] == "r-cran-janeaustenr"
     saved = json.loads((tmp_path / "model" / "training.json").read_text())
     assert saved["parameters"] == info["parameters"] and saved["arch"] == arch
     llm = LLM.load(tmp_path / "model")
@@ -94,3 +95,21 @@ def test_supervised_examples_end_in_eos_padding_to_their_canvas(tmp_path):
             if data.EOS_ID in ex.response:
                 first = ex.response.index(data.EOS_ID)
                 assert set(ex.response[first:]) == {data.EOS_ID}
+
+
+def test_long_canvas_additions_draw_the_long_canvases_they_are_weighted_to(tmp_path):
+    """The long-canvas phase's addition batches follow `tasks.LONG_CANVAS_WEIGHTS`: mostly
+    canvas 256, and every canvas still seen."""
+    from collections import Counter
+    from tokenizers import Tokenizer
+    from engine.training import tasks
+    cache = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"
+    tok = Tokenizer.from_file(str(cache / "tokenizer.json"))
+    novels = {"Emma": ["Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years."] * 60}
+    b = data.make_batches(tok, novels, seed=7)
+    widths = Counter()
+    for _ in range(300):
+        x, real, maskable = b.additions(2048, canvas_weights=tasks.LONG_CANVAS_WEIGHTS)
+        widths[int(maskable[0].sum())] += 1  # the response (the canvas) is what is maskable
+    assert set(widths) == set(tasks.CANVASES)
+    assert widths[256] == max(widths.values()) and widths[256] > 300 * 0.4
