@@ -393,9 +393,15 @@ class Scheduler:
     def _kick_soon(self) -> None:
         """Wake the worker at the end of this loop iteration, so requests submitted together
         (several handlers in one iteration) join the same first step."""
-        if not self._kick_pending:
-            self._kick_pending = True
-            asyncio.get_running_loop().call_soon(self._kick_now)
+        if self._kick_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # submitted from outside the loop: wake the worker at once
+            self._kick.set()
+            return
+        self._kick_pending = True
+        loop.call_soon(self._kick_now)
 
     def _kick_now(self) -> None:
         self._kick_pending = False
@@ -413,7 +419,10 @@ class Scheduler:
             nonlocal previous
             if previous is not None:
                 pending, previous = previous, None
-                pending.result().wait()
+                try:
+                    pending.result().wait()
+                except Exception:  # a bug in the hand-off must not stop the worker (nor hang the server)
+                    log.exception("handing a step's events to the event loop failed")
 
         try:
             while True:
