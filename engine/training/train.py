@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(a: argparse.Namespace) -> dict:
     return train(a.out, a.steps or STEPS[a.arch], seed=a.seed, vocab_size=a.vocab_size, size=a.size, arch=a.arch,
-                 tokens=a.tokens_per_step, cache_dir=a.cache_dir, threads=a.threads)
+                 tokens=a.tokens_per_step, cache_dir=a.cache_dir, threads=a.threads, long_steps=a.long_steps)
 
 
 def add_train_args(ap: argparse.ArgumentParser) -> None:
@@ -188,6 +188,9 @@ def add_train_args(ap: argparse.ArgumentParser) -> None:
                     help="llada: celeris-tiny (full canvas); sdar: celeris-tiny-block (block diffusion)")
     ap.add_argument("--steps", type=int, default=None,
                     help=f"optimizer steps (default: {STEPS['llada']} for llada, {STEPS['sdar']} for sdar)")
+    ap.add_argument("--long-steps", type=int, default=None,
+                    help=f"steps of the long-canvas phase after the main one (default: {LONG_STEPS['llada']} for "
+                         f"llada, {LONG_STEPS['sdar']} for sdar; 0: none)")
     ap.add_argument("--size", choices=sorted(SIZES), default="base", help="model size (small: smoke tests)")
     ap.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default %(default)s)")
     ap.add_argument("--tokens-per-step", type=int, default=2048, help="training tokens per step (default %(default)s)")
