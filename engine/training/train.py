@@ -88,17 +88,17 @@ def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int
     _init(model)
     print(f"{cfg.name} ({arch}, {size}): {count_parameters(model) / 1e6:.2f}M params, vocab {cfg.vocab_size}, "
           f"{len(batches.stream):,} text tokens, {steps} + {long_steps} steps ({threads} threads)", flush=True)
-    t0 = time.time()
     phase = dict(model=model, tokens=tokens, seq_len=seq_len, text_every=text_every,
                  save=lambda: _save(model, tok, out), checkpoint_every=checkpoint_every)
-    _phase("main", batches, torch.Generator().manual_seed(seed), steps, lr, warmup=200, **phase)
+    minutes = _phase("main", batches, torch.Generator().manual_seed(seed), steps, lr, warmup=200, **phase)
+    long_minutes = 0.0
     if long_steps:
-        _phase("long-canvas", data.make_batches(tok, novels, seed + 7), torch.Generator().manual_seed(seed + 7),
+        long_minutes = _phase("long-canvas", data.make_batches(tok, novels, seed + 7), torch.Generator().manual_seed(seed + 7),
                long_steps, LONG_LR, warmup=50, canvas_weights=tasks.LONG_CANVAS_WEIGHTS, **phase)
 
     _save(model, tok, out)
-    info = {"arch": arch, "size": size, "steps": steps, "long_steps": long_steps,
-            "minutes": round((time.time() - t0) / 60, 1), "seed": seed,
+    info = {"arch": arch, "size": size, "steps": steps, "long_steps": long_steps, "minutes": minutes,
+            "long_minutes": long_minutes, "seed": seed,
             "threads": threads, "tokens_per_step": tokens, "parameters": count_parameters(model),
             "vocab_size": cfg.vocab_size, "text_tokens": len(batches.stream), "corpus": corpus_source(cache_dir),
             "corpus_chars": total_chars(novels), "heldout_paragraphs": len(held_pars)}
@@ -109,10 +109,11 @@ def train(out: Path, steps: int = STEPS["llada"], seed: int = 0, vocab_size: int
 
 def _phase(name: str, batches: data.Batches, gen: torch.Generator, steps: int, lr: float, warmup: int,
            model: MaskPredictor, tokens: int, seq_len: int, text_every: int, save, checkpoint_every: int,
-           canvas_weights: Optional[tuple[int, ...]] = None) -> None:
+           canvas_weights: Optional[tuple[int, ...]] = None) -> float:
     """`steps` optimizer steps from a fresh AdamW, warmup then cosine to `lr`/10: every
     `text_every`-th step pretraining text, the one after it an addition batch (its canvas drawn
-    by `canvas_weights`, default the supervised mix's), the others supervised examples."""
+    by `canvas_weights`, default the supervised mix's), the others supervised examples.
+    Returns the phase's wall minutes."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def loss_fn(x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
@@ -145,6 +146,7 @@ def _phase(name: str, batches: data.Batches, gen: torch.Generator, steps: int, l
                   f"supervised loss {_mean(log_sft):.3f} lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} step/s "
                   f"ETA {(steps - step) / rate / 60:.1f} min", flush=True)
             log_text, log_sft = [], []
+    return round((time.time() - t0) / 60, 1)
 
 
 def _save(model: MaskPredictor, tok, out: Path) -> None:

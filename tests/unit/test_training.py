@@ -65,6 +65,7 @@ def test_training_smoke_run_produces_a_loadable_model(tmp_path, arch):
     info = train(tmp_path / "model", steps=6, size="small", arch=arch, cache_dir=cache, vocab_size=512,
                  checkpoint_every=3, tokens=512, threads=1, long_steps=3)
     assert info["steps"] == 6 and info["long_steps"] == 3 and info["corpus"]["package"] == "r-cran-janeaustenr"
+    assert info["minutes"] >= 0 and info["long_minutes"] >= 0
     saved = json.loads((tmp_path / "model" / "training.json").read_text())
     assert saved["parameters"] == info["parameters"] and saved["arch"] == arch
     llm = LLM.load(tmp_path / "model")
@@ -103,8 +104,8 @@ def test_long_canvas_additions_draw_the_long_canvases_they_are_weighted_to(tmp_p
     from collections import Counter
     from tokenizers import Tokenizer
     from engine.training import tasks
-    cache = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"
-    tok = Tokenizer.from_file(str(cache / "tokenizer.json"))
+    shipped = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"
+    tok = Tokenizer.from_file(str(shipped / "tokenizer.json"))
     novels = {"Emma": ["Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years."] * 60}
     b = data.make_batches(tok, novels, seed=7)
     widths = Counter()
