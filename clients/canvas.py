@@ -39,7 +39,10 @@ class ChoiceCanvas:
         tokens = list(self.tokens)
         for p, c in zip(m.committed_positions, m.committed_confidences):
             tokens[p] = replace(tokens[p], committed_this_step=True, confidence=c)
-        return replace(Snapshot.from_pb(m), text="".join(self.pieces[:self.visible]), tokens=tuple(tokens))
+        guesses = tuple((u.position, Token(u.token.id, u.token.text, False, False, u.token.confidence))
+                        for u in m.provisional)
+        return replace(Snapshot.from_pb(m), text="".join(self.pieces[:self.visible]), tokens=tuple(tokens),
+                       provisional=guesses)
 
 
 @dataclass

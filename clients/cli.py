@@ -90,9 +90,12 @@ def client_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 def cmd_generate(a: argparse.Namespace) -> int:
     prompt: Any = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
     knobs = knobs_from_args(a)
+    if a.provisional and (a.plain or ((knobs.get("n") or 1) > 1 and not a.json)):
+        raise ValueError("--provisional shows in streamed snapshots: use it with the live view or --json")
+    stream_knobs = knobs | ({"provisional": True} if a.provisional else {})
     with CelerisClient(a.server, **client_kwargs(a)) as client:
         if a.json:
-            for snap in client.stream(prompt, **knobs):
+            for snap in client.stream(prompt, **stream_knobs):
                 print(snapshot_json(snap), flush=True)
         elif (knobs.get("n") or 1) > 1:  # several samples: their final texts, one per line
             for res in client.sample(prompt, knobs.pop("n"), **knobs):
@@ -101,7 +104,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
             eos = client.model_info().eos_token_id
             view = LiveView(sys.stdout, color=not os.environ.get("NO_COLOR"), stop_ids=frozenset({eos}))
             try:
-                for snap in client.stream(prompt, **knobs):
+                for snap in client.stream(prompt, **stream_knobs):
                     view.draw(snap)
             finally:
                 view.close()
@@ -149,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="send the prompt as one user message (chat template)")
     g.add_argument("--json", action="store_true", help="print every snapshot as one JSON line")
     g.add_argument("--plain", action="store_true", help="print only the final text, even on a terminal")
+    g.add_argument("--provisional", action="store_true",
+                   help="also stream the current block's top predictions (shown dim in place of masks)")
     add_connection_args(g)
     add_knob_args(g)
 

@@ -73,6 +73,10 @@ class Snapshot:
     elapsed_s: Optional[float] = None
     kv_cache: Optional[str] = None  # what the request decoded over, last snapshot only
     choice: int = 0  # which sample (n > 1)
+    # With provisional=True (delta streams): (position, the token the sampler ranks first there,
+    # its confidence in Token.confidence) for the still-masked positions of the block being
+    # decoded, as of this snapshot's step. The positions stay masked in `tokens`.
+    provisional: tuple[tuple[int, Token], ...] = ()
 
     @property
     def masked_count(self) -> int:
@@ -174,9 +178,11 @@ def _set_input(req: pb.GenerateRequest, prompt: Prompt) -> None:
 
 
 def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "every_step",
-                  every_k_steps: int = 0, stream_format: str = "", **knobs: Any) -> pb.GenerateRequest:
+                  every_k_steps: int = 0, stream_format: str = "", provisional: bool = False,
+                  **knobs: Any) -> pb.GenerateRequest:
     """A GenerateRequest; knobs left out or None take the server's defaults. `stream_format`:
-    "full" or "delta" (SnapshotFormat); empty leaves it unset (full)."""
+    "full" or "delta" (SnapshotFormat); empty leaves it unset (full). `provisional` (delta
+    only): snapshots also carry the current block's top predictions (Snapshot.provisional)."""
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise TypeError(f"unknown generation knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOBS)}")
@@ -202,4 +208,5 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     req.stream_options.format = FORMATS.get(stream_format, pb.SNAPSHOT_FORMAT_UNSPECIFIED)
     req.stream_options.mode = STREAM_MODES[stream_mode]
     req.stream_options.every_k_steps = every_k_steps
+    req.stream_options.provisional = bool(provisional)
     return req

@@ -1,7 +1,8 @@
 """Terminal views of a generation: the live canvas redrawn in place, JSON lines, final stats.
 
-The live view shows every position of the canvas: still-masked positions as dim blocks, tokens
-committed in the latest step highlighted, the rest as plain text, then a
+The live view shows every position of the canvas: still-masked positions as dim blocks (or, with
+provisional predictions, the predicted token dim and italic), tokens committed in the latest
+step highlighted, the rest as plain text, then a
 "step i/N · block b/B" line. Each new snapshot replaces the previous frame: the cursor moves
 back up over the rows the last frame took (wrapping counted) and clears to the end of screen.
 Model output is sanitized so it can never inject terminal escape sequences.
@@ -21,6 +22,7 @@ from clients.types import Snapshot
 
 MASK = "\u2592"
 DIM, HIGHLIGHT, BOLD, RESET = "\x1b[2;37m", "\x1b[1;30;43m", "\x1b[1m", "\x1b[0m"
+GUESS = "\x1b[2;3;36m"  # dim italic cyan: a provisional prediction, not yet committed
 HIDE_CURSOR, SHOW_CURSOR, CLEAR_DOWN = "\x1b[?25l", "\x1b[?25h", "\x1b[J"
 
 
@@ -55,10 +57,14 @@ def render_canvas(snap: Snapshot, stop_ids: frozenset[int] = frozenset(), color:
                   highlight: bool = True) -> tuple[str, str]:
     """(styled, plain) text of the canvas up to the first stop token (EOS)."""
     styled, plain = [], []
-    for tok in snap.tokens[:visible_count(snap, stop_ids)]:
-        text = MASK if tok.masked else sanitize(tok.text)
+    guesses = {p: t for p, t in snap.provisional}
+    for i, tok in enumerate(snap.tokens[:visible_count(snap, stop_ids)]):
+        guess = guesses.get(i) if tok.masked else None
+        text = sanitize(guess.text) if guess is not None else MASK if tok.masked else sanitize(tok.text)
         if not color:
             styled.append(text)
+        elif guess is not None:
+            styled.append(f"{GUESS}{text}{RESET}")
         elif tok.masked:
             styled.append(f"{DIM}{text}{RESET}")
         elif highlight and tok.committed_this_step:

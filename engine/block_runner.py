@@ -27,7 +27,7 @@ from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
 from engine.cache import BlockKVStore
 from engine.config import EngineConfig
 from engine.model import KVCache, MaskPredictor
-from engine.runner import RowResult, StepStats, row_logprobs, stop_ban
+from engine.runner import RowResult, StepStats, row_logprobs, row_provisional, stop_ban
 from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
 
 
@@ -168,9 +168,11 @@ class BlockRunner:
         commit_h, new_h, conf_h = commit.cpu(), new.cpu(), conf.float().cpu()
         top = max((q.logprobs for q in p if q.logprobs is not None), default=-1)
         extra = None if top < 0 else tuple(None if t is None else t.cpu() for t in token_logprobs(logits, new, top))
+        guess = torch.where(candidate & ~commit, x0, -1).cpu() if any(q.provisional for q in p) else None
         out = []
         for r in range(B):
             pos = commit_h[r].nonzero().flatten()
             lps = row_logprobs(extra, r, pos) if p[r].logprobs is not None else ()
-            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps))
+            prov = row_provisional(guess, conf_h, r) if p[r].provisional else ()
+            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps, prov))
         return out

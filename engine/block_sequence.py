@@ -97,7 +97,7 @@ class BlockSequence(Sequence):
     # ------------------------------------------------------------------ progress
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
-              logprobs: tuple = ()) -> StepEvent:
+              logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
         relative to the block's first column)."""
         start, end = self.window
@@ -121,7 +121,9 @@ class BlockSequence(Sequence):
                 self._finish_block(end - P)
         keep = [i for i, c in enumerate(committed) if c < G]
         block = min(self.block, self.total // self.params.block_length - 1) - self.first_block
-        return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done)
+        guesses = tuple((start + i - P, t, c) for i, t, c in provisional if start + i - P < G)
+        return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done,
+                          guesses)
 
     def _finish_block(self, end: int) -> None:
         """After the block ending at canvas index `end`: stop (the published rule: a stop id

@@ -99,7 +99,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-    known = {f.name for f in fields(SamplingParams)} - {"seed"}
+    known = {f.name for f in fields(SamplingParams)} - {"seed", "provisional"}  # per request, never a default
     return replace(base, **{k: v for k, v in raw.items() if k in known}).validate()
 
 

@@ -55,6 +55,9 @@ class SamplingParams:
     ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
     min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
     logprobs: Optional[int] = None  # report each committed token's log-probability (+ this many alternatives)
+    # Report, every step, the token the sampler ranks first at each candidate position it left
+    # masked in the current block, with its confidence (StepEvent.provisional).
+    provisional: bool = False
     cfg_scale: float = 0.0
     seed: Optional[int] = None  # None: the engine picks one and reports it
     stop_at_eos: bool = True
@@ -135,6 +138,8 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
+        if not isinstance(self.provisional, bool):
+            bad("provisional", f"must be a boolean, got {self.provisional!r}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:

@@ -39,6 +39,8 @@ class RowResult:
     tokens: list[int]
     confidences: list[float]
     logprobs: tuple = ()  # per position: (logprob, ((id, logprob), ...))
+    # With params.provisional: (position, token, confidence) of every candidate left masked.
+    provisional: tuple = ()
 
 
 def row_logprobs(extra, r: int, pos: torch.Tensor) -> tuple:
@@ -51,6 +53,13 @@ def row_logprobs(extra, r: int, pos: torch.Tensor) -> tuple:
         return tuple((x, ()) for x in lp)
     v, i = values[r, pos].tolist(), ids[r, pos].tolist()
     return tuple((x, tuple(zip(ii, vv))) for x, ii, vv in zip(lp, i, v))
+
+
+def row_provisional(guess: torch.Tensor, conf: torch.Tensor, r: int) -> tuple:
+    """RowResult.provisional of row r from host (B, W) tensors: `guess` holds the sampler's pick
+    at each candidate it left masked and -1 elsewhere; `conf` the confidences it ranked by."""
+    pos = (guess[r] >= 0).nonzero().flatten()
+    return tuple(zip(pos.tolist(), guess[r, pos].tolist(), conf[r, pos].tolist()))
 
 
 @dataclass(frozen=True)
@@ -211,14 +220,16 @@ class Runner:
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
             bucket, ints, floats, spans = self._pack(group, mode, [plans[i][1] for i in members])
-            commit, new, conf, extra, graphed_now = self._execute(mode, group, bucket, ints, floats, spans)
+            commit, new, conf, extra, guess, graphed_now = self._execute(mode, group, bucket, ints, floats, spans)
             # The one host synchronisation of the step (per group).
             commit_h, new_h, conf_h = commit[:len(group)].cpu(), new[:len(group)].cpu(), conf[:len(group)].float().cpu()
             extra = None if extra is None else tuple(None if t is None else t.cpu() for t in extra)
+            guess_h = guess[:len(group)].cpu() if any(s.params.provisional for s in group) else None
             for r, i in enumerate(members):
                 pos = commit_h[r].nonzero().flatten()
                 lps = row_logprobs(extra, r, pos) if group[r].params.logprobs is not None else ()
-                results[i] = RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps)
+                prov = row_provisional(guess_h, conf_h, r) if group[r].params.provisional else ()
+                results[i] = RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps, prov)
             committed += int(commit_h.sum())
             graphed |= graphed_now
             biggest = bucket if biggest is None or bucket.B * bucket.L > biggest.B * biggest.L else biggest
@@ -242,8 +253,9 @@ class Runner:
                  cfg_scale: torch.Tensor | None = None, spans: list[tuple[int, int]] | None = None,
                  ban: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Forward + selection + write-back for one bucket -> (commit, new tokens, confidences,
-        `token_logprobs` outputs or None). Fixed shapes; no host sync unless `spans` asks for
-        the published tie order (the eager path)."""
+        `token_logprobs` outputs or None, the sampler's pick at each candidate left masked and -1
+        elsewhere). Fixed shapes; no host sync unless `spans` asks for the published tie order
+        (the eager path)."""
         B, L, W = b.B, b.L, b.W
         idx = ints[IDX]
         ids = self.canvas[idx, self.max_len - L:]  # (B, L) left-padded batch
@@ -286,7 +298,7 @@ class Runner:
         ids = scratch.scatter(1, start[:, None] + w[None, :], torch.where(in_block, new, tokens))[:, :L]
         self.canvas[idx, self.max_len - L:] = ids
         extra = token_logprobs(logits, new, b.logprobs) if b.logprobs >= 0 else None
-        return commit, new, conf, extra
+        return commit, new, conf, extra, torch.where(candidate & ~commit, x0, -1)
 
     def _cached_logits(self, ids, idx, valid, start, positions, fresh: int, W: int, lead: bool) -> torch.Tensor:
         """Recompute only the fresh columns — the block (dual) or block to end (prefix) — over

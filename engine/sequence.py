@@ -75,6 +75,9 @@ class StepEvent:
     committed_logprobs: tuple = ()
     logprobs: tuple = ()
     stop_text: str = ""  # the stop string that ended the output: text is cut where it begins
+    # With params.provisional: (position, token, confidence) for each position of the current
+    # block the sampler ranked this step and left masked, its pick there (ascending positions).
+    provisional: tuple = ()
     # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
     # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
     formatted: Any = None
@@ -170,7 +173,7 @@ class Sequence:
         return tuple(self.canvas), p.num_blocks, settled
 
     def event(self, committed: tuple[int, ...] = (), confidences: tuple[float, ...] = (),
-              block: Optional[int] = None, block_complete: bool = False) -> StepEvent:
+              block: Optional[int] = None, block_complete: bool = False, provisional: tuple = ()) -> StepEvent:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
@@ -187,12 +190,13 @@ class Sequence:
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
-            stop_text=self.stop_text)
+            stop_text=self.stop_text, provisional=() if self.finished else provisional)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
-              logprobs: tuple = ()) -> StepEvent:
+              logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""
         p = self.params
+        provisional = tuple((self.block_start + i, t, c) for i, t, c in provisional)
         committed = []
         for pos, tok in zip(positions, tokens):
             committed.append(self.block_start + pos)
@@ -211,7 +215,7 @@ class Sequence:
             else:
                 self.block += 1
                 self.step_in_block = 0
-        return self.event(tuple(committed), tuple(confidences), event_block, block_done)
+        return self.event(tuple(committed), tuple(confidences), event_block, block_done, provisional)
 
     def stops_within(self, end: int) -> bool:
         """After a block ending at canvas index `end`: finish (STOP) if what is generated so far

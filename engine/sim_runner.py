@@ -9,7 +9,8 @@ costs at a GPU's pace (`celeris serve --simulate-step-ms 20`, scripts/bench_serv
 
 Streams keep realistic shapes: every step commits, in each request's current block, the first
 masked positions the request's schedule asks for (at least one), with ordinary token ids (never
-EOS, a stop id or the mask) and confidence 1.0, so blocks finish and requests end on schedule.
+EOS, a stop id or the mask) and confidence 1.0, so blocks finish and requests end on schedule;
+with `provisional` the block's other masked positions are reported at confidence 0.5.
 Full-canvas models only: block-diffusion sequences have their own runner contract.
 """
 
@@ -51,7 +52,10 @@ class SimulatedRunner:
         n = max(1, seq.tokens_this_step) if not p.adaptive else max(1, p.block_length // max(1, p.steps_per_block))
         picks = masked[:n]
         # Ids follow the canvas position, so a request's text is the same whatever its batch.
-        return RowResult(picks, [self.pool[(start + i) % len(self.pool)] for i in picks], [1.0] * len(picks))
+        token = lambda i: self.pool[(start + i) % len(self.pool)]  # noqa: E731
+        # Provisional picks (when asked): the tokens later steps will commit, at confidence 0.5.
+        guesses = tuple((i, token(i), 0.5) for i in masked[n:]) if p.provisional else ()
+        return RowResult(picks, [token(i) for i in picks], [1.0] * len(picks), (), guesses)
 
     def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()

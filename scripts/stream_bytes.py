@@ -4,7 +4,8 @@
 
 Runs the request once through the step loop, feeds every event to a full and a delta
 `server.convert.ChoiceFormatter` (as the step worker does), and prints messages, bytes per
-request (`ByteSize()` summed) and the mean build time per message of each.
+request (`ByteSize()` summed) and the mean build time per message of each; the third row is a
+delta stream that also carries the block's provisional predictions (StreamOptions.provisional).
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ def main() -> None:
     llm = LLM.load(a.model, EngineConfig(max_gen_length=a.gen_length, max_batch=1, max_queue=1))
     seq = llm.build(Request(prompt=a.prompt, params=SamplingParams(
         gen_length=a.gen_length, steps=a.steps, block_length=a.block_length, seed=a.seed,
-        ignore_eos=not a.stop_at_eos)))
+        ignore_eos=not a.stop_at_eos, provisional=True)))  # changes no token; only the third row sends them
     events = []
     llm.loop.add(seq, bounded=False)
     llm.loop.run_to_completion(events.append)
-    for name, delta in (("full", False), ("delta", True)):
-        fmt = ChoiceFormatter(StreamPlan(pb.STREAM_MODE_UNSPECIFIED, 1, delta), llm.tokenizer, 0, seq)
+    for name, delta, guesses in (("full", False, False), ("delta", True, False), ("delta+provisional", True, True)):
+        fmt = ChoiceFormatter(StreamPlan(pb.STREAM_MODE_UNSPECIFIED, 1, delta, guesses), llm.tokenizer, 0, seq)
         t0 = time.perf_counter()
         msgs = [fmt(ev) for ev in events]
         spent = time.perf_counter() - t0
         mid = [m for m in msgs[:-1] if m is not None]
         sizes = [m.ByteSize() for m in msgs if m is not None]
-        print(f"{name:5s}: {len(sizes)} messages, {sum(sizes)} B per request, "
+        print(f"{name:17s}: {len(sizes)} messages, {sum(sizes)} B per request, "
               f"{sum(sizes[:-1]) / max(1, len(mid)):.0f} B per message before the last, "
               f"{1e6 * spent / len(msgs):.0f} us per message built")
 

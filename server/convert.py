@@ -50,6 +50,7 @@ class StreamPlan:
     mode: int = pb.STREAM_MODE_UNSPECIFIED
     every_k: int = 1
     delta: bool = False  # SNAPSHOT_FORMAT_DELTA
+    provisional: bool = False  # delta messages carry the current block's top predictions
 
     def wants(self, ev: StepEvent) -> bool:
         if ev.finished:
@@ -117,6 +118,8 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
         given["stop_token_ids"] = tuple(req.stop_token_ids)
     if req.stop:
         given["stop"] = tuple(req.stop)
+    if req.stream_options.provisional:  # stream_plan has checked it goes with a delta stream
+        given["provisional"] = True
     enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
              "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
              "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),
@@ -136,10 +139,12 @@ def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
         raise InvalidRequest([FieldViolation("stream_options.every_k_steps", "only valid with STREAM_MODE_EVERY_K_STEPS")])
     if o.format not in (pb.SNAPSHOT_FORMAT_UNSPECIFIED, pb.SNAPSHOT_FORMAT_FULL, pb.SNAPSHOT_FORMAT_DELTA):
         raise InvalidRequest([FieldViolation("stream_options.format", f"unknown enum value {o.format}")])
-    if o.provisional:
-        why = "not supported yet" if o.format == pb.SNAPSHOT_FORMAT_DELTA else "only valid with SNAPSHOT_FORMAT_DELTA"
+    if o.provisional and o.format != pb.SNAPSHOT_FORMAT_DELTA:
+        raise InvalidRequest([FieldViolation("stream_options.provisional", "only valid with SNAPSHOT_FORMAT_DELTA")])
+    if o.provisional and o.mode in (pb.STREAM_MODE_BLOCK_COMPLETE, pb.STREAM_MODE_FINAL_ONLY):
+        why = "needs messages sent within a block (every step or every k steps): this mode sends none"
         raise InvalidRequest([FieldViolation("stream_options.provisional", why)])
-    return StreamPlan(o.mode, max(1, o.every_k_steps), o.format == pb.SNAPSHOT_FORMAT_DELTA)
+    return StreamPlan(o.mode, max(1, o.every_k_steps), o.format == pb.SNAPSHOT_FORMAT_DELTA, o.provisional)
 
 
 def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.GenerateResponse:
@@ -219,11 +224,14 @@ class ChoiceFormatter:
         assert self.detok is not None
         changed = self.detok.update(ev.canvas, committed, ev.visible)
         positions = sorted(committed)
+        text = self.tok.token_text
         return pb.GenerateResponse(
             request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
             num_blocks=ev.num_blocks, committed_positions=positions,
             committed_confidences=[committed[p] for p in positions], text_positions=ev.visible,
-            updates=[pb.TokenUpdate(position=p, token=self.token(p)) for p in changed])
+            updates=[pb.TokenUpdate(position=p, token=self.token(p)) for p in changed],
+            provisional=[pb.TokenUpdate(position=p, token=pb.Token(id=t, text=text(t), confidence=c))
+                         for p, t, c in (ev.provisional if self.plan.provisional else ())])
 
     def token(self, p: int) -> pb.Token:
         """Position p's id, own text, masked flag and piece (set only where it differs)."""

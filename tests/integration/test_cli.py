@@ -61,6 +61,17 @@ def test_generate_json_lines(live, capsys):
     assert lines[-1]["text"] == reference(live) and lines[-1]["usage"]["forward_passes"] == lines[-1]["step"]
 
 
+def test_generate_json_lines_with_provisional_predictions(live, capsys):
+    assert celeris(["generate", "--server", live.grpc_target, "Emma", "--json", "--provisional", *KNOBS]) == 0
+    lines = [json.loads(x) for x in command_output(capsys.readouterr().out)]
+    guesses = [(p, t) for line in lines for p, t in line["provisional"]]
+    assert guesses and all(lines[0]["tokens"][p]["masked"] for p, _ in lines[0]["provisional"])
+    assert {"id", "text", "confidence"} <= guesses[0][1].keys() and not lines[-1]["provisional"]
+    assert lines[-1]["text"] == reference(live)  # predictions change nothing
+    assert celeris(["generate", "--server", live.grpc_target, "Emma", "--plain", "--provisional"]) == 2
+    assert "--provisional" in capsys.readouterr().err
+
+
 def test_generate_live_view_on_a_terminal(live, monkeypatch):
     out = Tty()
     monkeypatch.setattr("sys.stdout", out)

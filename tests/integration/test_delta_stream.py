@@ -72,12 +72,43 @@ async def test_layout_describes_the_canvas(serve, tiny_llm):
     assert {u.position for u in first.updates} >= set(first.committed_positions)
 
 
+@pytest.mark.parametrize("mode,k", MODES[:2])
+async def test_provisional_predictions_cover_the_blocks_masks_and_change_nothing(serve, tiny_llm, mode, k):
+    async with serve() as (_, stub, _):
+        full = await collect(stub.Generate(request(pb.SNAPSHOT_FORMAT_UNSPECIFIED, mode, k, n=2)))
+        req = request(pb.SNAPSHOT_FORMAT_DELTA, mode, k, n=2)
+        req.stream_options.provisional = True
+        delta = await collect(stub.Generate(req))
+    snaps = rebuilt(delta)
+    # The stream is the same stream, predictions aside.
+    assert by_choice([same(Snapshot.from_pb(m)) for m in full]) == \
+        by_choice([dataclasses.replace(s, provisional=()) for s in snaps])
+    shown = 0
+    for m, s in zip(delta, snaps):
+        if m.done:
+            assert not m.provisional and s.provisional == ()
+            continue
+        block = range(s.block_index * 8, s.block_index * 8 + 8)
+        # Exactly the masks left in the block being decoded (none once it completes), ascending.
+        assert [p for p, _ in s.provisional] == [p for p in block if s.tokens[p].masked]
+        for p, t in s.provisional:
+            assert t.text == tiny_llm.tokenizer.token_text(t.id) and t.id != tiny_llm.tokenizer.mask_id
+            assert 0 < t.confidence <= 1 and not t.masked  # low_confidence: the pick's probability
+        shown += len(s.provisional)
+    assert shown > 0
+
+
 async def test_provisional_and_unknown_formats_are_refused(serve):
     import grpc
 
+    delta = pb.SNAPSHOT_FORMAT_DELTA
     async with serve() as (_, stub, _):
-        for opts, field in ((pb.StreamOptions(format=pb.SNAPSHOT_FORMAT_DELTA, provisional=True), "not supported yet"),
-                            (pb.StreamOptions(provisional=True), "only valid with SNAPSHOT_FORMAT_DELTA"),
+        for opts, field in ((pb.StreamOptions(provisional=True), "only valid with SNAPSHOT_FORMAT_DELTA"),
+                            (pb.StreamOptions(format=pb.SNAPSHOT_FORMAT_FULL, provisional=True), "only valid with"),
+                            (pb.StreamOptions(format=delta, provisional=True, mode=pb.STREAM_MODE_FINAL_ONLY),
+                             "needs messages sent within a block"),
+                            (pb.StreamOptions(format=delta, provisional=True, mode=pb.STREAM_MODE_BLOCK_COMPLETE),
+                             "needs messages sent within a block"),
                             (pb.StreamOptions(format=7), "unknown enum value 7")):
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 req = request(0)
@@ -111,5 +142,10 @@ def test_the_client_asks_for_deltas_and_hands_out_the_same_snapshots(tiny_llm):
         full = [same(x) for x in c.stream("Emma Woodhouse", stream_format="full", request_id="c", **knobs)]
         delta = [same(x) for x in c.stream("Emma Woodhouse", request_id="c", **knobs)]
         texts = [r.text for r in c.sample("Emma Woodhouse", 2, **{k: v for k, v in knobs.items() if k != "n"})]
+        guessed = [x for x in c.stream("Emma Woodhouse", request_id="c", provisional=True, **knobs)]
     assert by_choice(full) == by_choice(delta) and sum(x.done for x in delta) == 2
     assert texts == [by_choice(delta)[k][-1].text for k in (0, 1)]
+    assert not any(x.provisional for x in delta)  # only when asked
+    assert by_choice([same(dataclasses.replace(x, provisional=())) for x in guessed]) == by_choice(delta)
+    assert all(x.tokens[p].masked for x in guessed for p, _ in x.provisional)
+    assert sum(len(x.provisional) for x in guessed) > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -10,7 +11,7 @@ import pytest
 from clients.batch import done_ids, parse_line, read_items
 from clients.progress import Progress, percentile
 from clients.types import Snapshot, Token, Usage
-from clients.view import HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
+from clients.view import GUESS, HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
 
 
 def snapshot(cells, done=False, step=1, usage=None) -> Snapshot:
@@ -29,6 +30,15 @@ def test_render_canvas_masks_highlights_and_stops_at_eos():
     assert f"{HIGHLIGHT}llo" in styled and "\x1b[2;37m" + MASK in styled
     _, plain = render_canvas(snapshot([("a", False, False), ("b", False, False)]), stop_ids=frozenset({11}))
     assert plain == "a"
+
+
+def test_render_canvas_shows_provisional_predictions_in_place_of_masks():
+    s = snapshot([("He", False, False), ("", True, False), ("", True, False)])
+    s = dataclasses.replace(s, provisional=((1, Token(42, "llo\x1b", False, False, 0.3)),))
+    styled, plain = render_canvas(s)
+    assert plain == "Hello\ufffd" + MASK  # the guess is sanitized; an unpredicted mask stays a mask
+    assert f"{GUESS}llo\ufffd" in styled and "\x1b[2;37m" + MASK in styled
+    assert render_canvas(s, color=False)[0] == plain
 
 
 def test_sanitize_blocks_terminal_escapes():
