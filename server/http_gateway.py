@@ -276,7 +276,7 @@ class HttpGateway:
                     k = len(responders)
                     rid = responders[0].request_id if responders else seq.request_id
                     responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
-                                                echo=self._echo(req, k)))
+                                                echo=self._echo(req, k), provisional=req.params.provisional))
                     if not req.stream:
                         return None
                     return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")

@@ -44,7 +44,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 # last chunk), and tool settings that only matter with tools.
 ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
 EXTENSIONS = ("steps", "block_length", "threshold", "factor", "factor_rule", "schedule", "eps", "kv_cache",
-              "cfg_scale", "remasking", "diffusing", "top_k", "stop_token_ids", "min_tokens", "ignore_eos")
+              "cfg_scale", "remasking", "diffusing", "provisional", "top_k", "stop_token_ids", "min_tokens",
+              "ignore_eos")
 COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", "n", "echo", "stop", "logprobs", "top_logprobs",
           *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
@@ -106,12 +107,12 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
             out["stop_token_ids"] = tuple(ids)
     elif ids is not None:
         v.append(FieldViolation("stop_token_ids", f"must be a list of token ids, got {clip(ids)}"))
-    for name in ("stream", "diffusing", "ignore_eos"):
+    for name in ("stream", "diffusing", "ignore_eos", "provisional"):
         if name == "diffusing" and body.get(name) in DIFFUSING_FORMATS:
             continue
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
-        elif name == "ignore_eos" and name in body:
+        elif name in ("ignore_eos", "provisional") and name in body:
             out[name] = body[name]
     for name in STRINGS:
         if name in body and not isinstance(body[name], str):
@@ -272,10 +273,12 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"
     if body.get("diffusing") and not body.get("stream"):
         v.append(FieldViolation("diffusing", "needs stream: true"))
+    if body.get("provisional") is True and body.get("diffusing") not in (True, "delta"):
+        v.append(FieldViolation("provisional", 'needs diffusing: true (or "delta"): the predictions ride on delta events'))
     if v:
         raise InvalidRequest(v)
     names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
-             "top_p", "stop", "stop_token_ids", "min_tokens", "ignore_eos", *STRINGS)
+             "top_p", "stop", "stop_token_ids", "min_tokens", "ignore_eos", "provisional", *STRINGS)
     given = {k: x[k] for k in names if k in x}
     logprobs = _logprobs(body, chat, x, v)
     if v:

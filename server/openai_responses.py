@@ -9,8 +9,11 @@ Streaming has two modes:
   {"i", "text", "masked", and "piece" where it differs from text}), the positions committed this
   step (`new`) and `visible` (text is echo + the pieces of cells [0, visible); cells from there on
   are "stop"); the first event adds `layout` {gen_length, num_blocks, prompt_tokens, mask_text,
-  echo}, and the usual text field stays empty. The last event is a whole snapshot, as below, with
-  the final text. Built in O(changed cells) by the engine's incremental detokenizer.
+  echo}, and the usual text field stays empty. With `provisional: true` each event before the last
+  also carries `provisional`: [{"i", "text", "confidence"}], the sampler's pick at each cell of the
+  current block it ranked this step and left masked (replacing the previous event's list whole).
+  The last event is a whole snapshot, as below, with the final text. Built in O(changed cells)
+  by the engine's incremental detokenizer.
 - diffusing, full (`diffusing: "full"`): every event carries the whole canvas as text (replace,
   not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
   so, with step / block counters and each position's state for live views.
@@ -69,8 +72,9 @@ class Responder:
     """Builds the bodies of one request: ids, model name and creation time are shared by all."""
 
     def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = (),
-                 index: int = 0, echo: str = ""):
+                 index: int = 0, echo: str = "", provisional: bool = False):
         self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
+        self.provisional = provisional  # delta diffusing events carry the block's predictions
         self.index, self.echo = index, echo  # the choice this responder builds; completions' echoed prompt
         # Plain streaming holds back this many trailing characters until the end: a stop string
         # may span two blocks, and text already sent cannot be taken back.
@@ -186,6 +190,9 @@ class Responder:
         extra = {"format": "delta", "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": d.masked, "committed": len(ev.committed), "done": False,
                  "new": sorted(ev.committed), "visible": ev.visible, "updates": updates}
+        if self.provisional:
+            extra["provisional"] = [{"i": i, "text": self.tok.token_text(t), "confidence": c}
+                                    for i, t, c in ev.provisional]
         return self._with_layout(self._chunk("", ev, extra), ev)
 
     def _with_layout(self, chunk: dict[str, Any], ev: StepEvent) -> dict[str, Any]:

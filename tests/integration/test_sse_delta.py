@@ -86,3 +86,34 @@ def test_diffusing_delta_is_the_default_and_full_stays_available(live):
     assert "format" not in first and len(first["tokens"]) == 16
     resp = post(live, "/v1/completions", body | {"diffusing": "sparse"})
     assert resp.status == 400
+
+
+def test_provisional_predictions_ride_on_delta_events_and_change_nothing(live, tiny_llm):
+    base = {"prompt": PROMPT, "max_tokens": 32, "steps": 16, "block_length": 8, "seed": 6, "temperature": 0.8,
+            "stream": True, "diffusing": True}
+    plain = sse_events(post(live, "/v1/completions", base))[:-1]
+    guessed = sse_events(post(live, "/v1/completions", base | {"provisional": True}))[:-1]
+    assert not any("provisional" in e["celeris"] for e in plain)
+    rows = replay(guessed)
+    assert rows == replay(plain)  # the same stream, predictions aside
+    shown, mask = 0, tiny_llm.tokenizer.token_text(tiny_llm.tokenizer.mask_id)
+    for e, row in zip(guessed, rows):
+        c = e["celeris"]
+        if c["done"]:
+            assert "provisional" not in c
+            continue
+        block = range(c["block"] * 8, c["block"] * 8 + 8)
+        assert [g["i"] for g in c["provisional"]] == [i for i in block if row["tokens"][i]["state"] == "masked"]
+        assert all(0 < g["confidence"] <= 1 and g["text"] != mask for g in c["provisional"])
+        shown += len(c["provisional"])
+    assert shown > 0
+
+
+@pytest.mark.parametrize("extra,why", [({"diffusing": "full"}, "needs diffusing"), ({}, "needs diffusing"),
+                                       ({"provisional": "yes", "diffusing": True}, "must be a boolean")])
+def test_provisional_is_refused_without_delta_events(live, extra, why):
+    body = {"prompt": PROMPT, "max_tokens": 16, "stream": True, "provisional": True} | extra
+    resp = post(live, "/v1/completions", body)
+    assert resp.status == 400
+    err = __import__("json").loads(resp.read())["error"]
+    assert err["param"] == "provisional" and why in err["message"]

@@ -112,6 +112,30 @@ def test_browser_shows_the_canvas_refining(live, browser):
     assert browser.find_element("id", "step").text == f"{frames[-1]['step']}/16"
 
 
+def test_browser_shows_the_models_guesses_in_masked_cells(live, browser):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(live.http_url + "/")
+    WebDriverWait(browser, 30).until(lambda d: "model" in d.find_element("id", "model").text)
+    browser.find_element("xpath", "//input[@value='completion']/..").click()
+    fill(browser, "prompt", "It is a truth universally")
+    for field, value in (("max_tokens", "32"), ("steps", "16"), ("block_length", "16"), ("seed", "7")):
+        fill(browser, field, value)
+    browser.find_element("id", "provisional").click()
+    browser.find_element("id", "go").click()
+    WebDriverWait(browser, 60).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                     in ("done", "error"))
+    assert browser.find_element("id", "error").text == ""
+    frames = browser.execute_script("return window.celerisFrames")
+    # While a block decodes, every mask left in it shows a guess (later blocks stay blocks).
+    assert frames[0]["guesses"] > 0 and frames[0]["masked"] > frames[0]["guesses"]
+    assert all(f["guesses"] <= f["masked"] for f in frames) and frames[-1]["guesses"] == 0
+    body = {"prompt": "It is a truth universally", "max_tokens": 32, "steps": 16, "block_length": 16, "seed": 7}
+    req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    assert frames[-1]["text"] == json.loads(urllib.request.urlopen(req).read())["choices"][0]["text"]
+
+
 def test_browser_reproduces_a_seed_past_2_53(live, browser):
     """A seed JavaScript cannot hold as a number: the page sends and shows it as a string, and the
     run matches the server's for that exact seed."""
