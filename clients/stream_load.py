@@ -6,12 +6,15 @@ benchmark's clients rode the server's event loop. It reads one JSON job per stdi
 answers one JSON line per job on stdout:
 
     job:    {"target", "concurrency", "mode", "requests": [{"prompt", "gen_length", ...}, ...]}
-    answer: {"wall_s", "records": [{"ok", "first_s", "latency_s", "messages", "bytes", "tokens", "error"}]}
+    answer: {"wall_s", "cpu_s", "records": [{"ok", "first_s", "latency_s", "messages", "bytes", "tokens", "error"}]}
+
+`cpu_s` is this process's CPU time over the job: what the clients took from the machine's cores.
 
 It uses the generated stubs directly rather than the client library: the library rebuilds
 snapshots (a cost of the client, not of serving), and the bytes a request costs on the wire are
 the sum of its messages' `ByteSize()`. Stream modes are (name, StreamOptions builder) pairs;
-the delta ones appear when the protos have `SNAPSHOT_FORMAT_DELTA`.
+the delta ones appear when the protos have `SNAPSHOT_FORMAT_DELTA`, `delta-provisional` when
+they have `StreamOptions.provisional`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,14 @@ def stream_modes() -> list[tuple[str, Callable[[], pb.StreamOptions]]]:
     if hasattr(pb, "SNAPSHOT_FORMAT_DELTA"):
         modes.append(("block-delta", lambda: pb.StreamOptions(mode=pb.STREAM_MODE_BLOCK_COMPLETE,
                                                               format=pb.SNAPSHOT_FORMAT_DELTA)))
+    if "provisional" in pb.StreamOptions.DESCRIPTOR.fields_by_name and hasattr(pb, "SNAPSHOT_FORMAT_DELTA"):
+        # every step, deltas plus the block's predictions: what a live UI showing guesses asks for
+        modes.append(("delta-provisional", lambda: pb.StreamOptions(format=pb.SNAPSHOT_FORMAT_DELTA,
+                                                                    provisional=True)))
     return modes
+
+
+OPT_IN_MODES = ("delta-provisional",)  # offered, but measured only when asked for by name
 
 
 MODES = dict(stream_modes())
@@ -92,10 +102,10 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 i, req = queue.pop(0)
                 records[i] = await one(stub, req)
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(max(1, job["concurrency"]))))
-        wall = time.perf_counter() - t0
-    return {"wall_s": wall, "records": records}
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"wall_s": wall, "cpu_s": cpu, "records": records}
 
 
 def main() -> int:

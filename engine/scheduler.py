@@ -46,6 +46,7 @@ from engine.batching import Picker, partition
 from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
 from engine.runner import Runner, StepStats
 from engine.sequence import Sequence, StepEvent
+from engine.threads import TensorThread
 
 
 @dataclass(frozen=True)
@@ -205,9 +206,12 @@ class Scheduler:
     """asyncio front of a StepLoop. `submit()` admits a request and returns its RequestStream."""
 
     def __init__(self, loop_core: StepLoop, on_step: Optional[Callable[[StepRecord], None]] = None,
-                 max_open: Optional[int] = None):
+                 max_open: Optional[int] = None, thread: Optional[TensorThread] = None):
         self.core = loop_core
         self.on_step = on_step
+        # Where the step worker runs: the thread that loaded the model (a server passes the
+        # TensorThread it loaded with: engine/threads.py says why), else a thread of its own.
+        self.thread = thread
         # Open streams (running, waiting, or finished but not yet closed by their door).
         self.max_open = max_open if max_open is not None else loop_core.runner.slots + loop_core.max_queue
         self._live: dict[int, RequestStream] = {}  # ticket -> stream, while the engine has it
@@ -246,7 +250,9 @@ class Scheduler:
         return self._open
 
     def start(self) -> None:
-        if self._worker is None:
+        if self._worker is None and self.thread is not None:
+            self._worker = asyncio.wrap_future(self.thread.submit(self._work, asyncio.get_running_loop()))
+        elif self._worker is None:
             loop = asyncio.get_running_loop()
             done: concurrent.futures.Future = concurrent.futures.Future()
 

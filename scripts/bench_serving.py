@@ -7,10 +7,12 @@ in another (clients/stream_load.py), the in-process engine beside them in the sa
 Per cell (concurrency, gen_length, stream mode) and repeat: output tokens/s (client wall time),
 time to first message and latency (p50/p95), messages and bytes per request (sum of ByteSize()),
 and per server step: forward time (celeris_step_latency_seconds, the wall time of runner.step),
-the server process's CPU (/proc/<pid>/stat), the event loop's CPU (celeris_event_loop_cpu_seconds)
-and CPU outside the forward = (process CPU - forward CPU) / steps, the forward's CPU counted as
-its wall time on one core (none for the simulated runner, whose forward is a sleep). `engine`
-rows are `LLM.generate` in this process, same prompts, parameters, threads and waves.
+the server process's CPU (/proc/<pid>/stat), the event loop's CPU (celeris_event_loop_cpu_seconds),
+CPU outside the forward = (process CPU - forward CPU) / steps, the forward's CPU counted as
+its wall time on one core (none for the simulated runner, whose forward is a sleep), and the
+client process's CPU per server step (what the clients take from the same cores). `engine`
+rows are `LLM.generate` in this process, same prompts, parameters, threads and waves; their
+`fwd ms` is the engine's whole step (wall time per step), set beside the server's forward.
 
 GPU-shaped simulation: a second server with `--simulate-step-ms` (engine/sim_runner.py) serves
 `--sim-batch` concurrent every-step streams; its steps/s is set beside the simulated runner's own
@@ -81,13 +83,14 @@ def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: in
             "steps": int(d["steps"]), "steps_per_s": d["steps"] / ans["wall_s"],
             "forward_ms": 1000 * d["forward_s"] / steps, "cpu_ms": 1000 * d["cpu_s"] / steps,
             "loop_cpu_ms": 1000 * d["loop_cpu_s"] / steps,
-            "outside_ms": 1000 * max(0.0, d["cpu_s"] - forward_cores * d["forward_s"]) / steps}
+            "outside_ms": 1000 * max(0.0, d["cpu_s"] - forward_cores * d["forward_s"]) / steps,
+            "client_cpu_ms": 1000 * ans["cpu_s"] / steps if "cpu_s" in ans else None}
 
 
 def engine_cell(llm: LLM, prompts: list[str], p: SamplingParams, concurrency: int) -> dict[str, Any]:
     run = run_engine(llm, prompts, p, [], None, concurrency)
     return {"tokens": run.tokens, "wall_s": run.seconds, "tokens_per_s": run.tokens_per_s, "steps": run.forwards,
-            "steps_per_s": run.forwards / run.seconds}
+            "steps_per_s": run.forwards / run.seconds, "forward_ms": 1000 * run.seconds / max(1, run.forwards)}
 
 
 def run_matrix(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: list[str], log: Path) -> dict:
@@ -133,7 +136,7 @@ def runner_alone(a: argparse.Namespace, llm: LLM, p: SamplingParams) -> float:
 def run_simulation(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: list[str], log: Path) -> dict:
     p = SamplingParams(gen_length=a.sim_gen_length, steps=a.sim_gen_length,
                        block_length=min(a.block_length, a.sim_gen_length), seed=0)
-    mode = "delta" if "delta" in modes else "full"  # every-step streams; delta once it exists
+    mode = a.sim_mode or ("delta" if "delta" in modes else "full")  # every-step streams; delta once it exists
     specs = request_specs((TEXT_PROMPTS * a.sim_batch)[:a.sim_batch], p)
     alone, served = [], []
     with ServeProcess(a.model, a.threads, a.sim_batch, "none", log / "server-sim.log",
@@ -170,7 +173,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                     help="torch threads of the server and the engine baseline (default: what `celeris serve` picks)")
     ap.add_argument("--concurrency", type=ints, default=[1, 16, 64], help="comma-separated (default 1,16,64)")
     ap.add_argument("--gen-lengths", type=ints, default=[64, 256], help="comma-separated (default 64,256)")
-    ap.add_argument("--modes", default=None, help="stream modes, comma-separated (default: all the protos offer)")
+    ap.add_argument("--modes", default=None,
+                    help="stream modes, comma-separated (default: all the protos offer but delta-provisional)")
     ap.add_argument("--requests", type=int, default=None, help="requests per cell (default: 2 x concurrency, >= 8)")
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--threshold", type=float, default=0.9)
@@ -179,6 +183,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--simulate-step-ms", type=float, default=20.0, help="simulated GPU step (0: no simulation)")
     ap.add_argument("--sim-batch", type=int, default=32)
     ap.add_argument("--sim-gen-length", type=int, default=256)
+    ap.add_argument("--sim-mode", default=None, help="the simulation's every-step stream mode (default: delta)")
     ap.add_argument("--quick", action="store_true", help="smoke configuration: 1 repeat, small cells")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     a = ap.parse_args(argv)
@@ -190,14 +195,16 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from clients.stream_load import stream_modes
+    from clients.stream_load import OPT_IN_MODES, stream_modes
 
     a = parse_args(argv)
     offered = [name for name, _ in stream_modes()]
-    modes = a.modes.split(",") if a.modes else offered
+    modes = a.modes.split(",") if a.modes else [m for m in offered if m not in OPT_IN_MODES]
     unknown = sorted(set(modes) - set(offered))
     if unknown:
         raise SystemExit(f"--modes: unknown {', '.join(unknown)} (offered: {', '.join(offered)})")
+    if a.sim_mode is not None and (a.sim_mode not in offered or a.sim_mode.startswith(("block", "final"))):
+        raise SystemExit(f"--sim-mode: {a.sim_mode!r} is not an every-step mode of {', '.join(offered)}")
     torch.set_num_threads(a.threads)
     biggest = max(max(a.concurrency), a.sim_batch)
     llm = LLM.load(a.model, EngineConfig(max_batch=biggest, max_queue=4 * biggest, max_prompt_tokens=128,

@@ -9,7 +9,7 @@ COLUMNS = [  # (header, key, format) of a table row
     ("lat50", "latency_p50_ms", "{:8.1f}"), ("lat95", "latency_p95_ms", "{:8.1f}"),
     ("msg/req", "messages_per_request", "{:8.1f}"), ("kB/req", "kib_per_request", "{:8.1f}"),
     ("steps/s", "steps_per_s", "{:8.1f}"), ("fwd ms", "forward_ms", "{:7.2f}"), ("cpu ms", "cpu_ms", "{:7.2f}"),
-    ("loop ms", "loop_cpu_ms", "{:7.2f}"), ("out ms", "outside_ms", "{:7.2f}"),
+    ("loop ms", "loop_cpu_ms", "{:7.2f}"), ("out ms", "outside_ms", "{:7.2f}"), ("cli ms", "client_cpu_ms", "{:7.2f}"),
 ]
 
 
@@ -71,8 +71,8 @@ def format_report(report: dict[str, Any]) -> str:
              f"{c['cpus_available']} CPUs available of {c['cpu_count']}, {c['machine']}, commit {c['commit']}, "
              f"median of {c['repeats']}",
              f"decoder: {c['decoder']}; server: `celeris serve` process; clients: {c['clients']}",
-             "per server step: fwd = forward wall time; cpu = server process CPU; loop = event-loop thread CPU; "
-             "out = cpu - fwd (one core)"]
+             "per server step: fwd = forward wall time (engine rows: the engine's whole step); cpu = server process "
+             "CPU; loop = event-loop thread CPU; out = cpu - fwd (one core); cli = client process CPU"]
     for gen in sorted({x["gen_length"] for x in report["cells"].values()}):
         group = [x for x in report["cells"].values() if x["gen_length"] == gen]
         g = group[0]

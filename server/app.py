@@ -21,6 +21,7 @@ from celeris.v1 import generation_pb2, generation_pb2_grpc
 from engine.llm import LLM
 from engine.params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.threads import TensorThread
 from server.guard import Guard
 from server.health import Health
 from server.interceptors import AccessLogInterceptor, GuardInterceptor
@@ -77,8 +78,10 @@ class ServerSettings:
 
 
 class CelerisServer:
-    def __init__(self, llm: LLM, settings: ServerSettings, telemetry: Optional[Telemetry] = None):
+    def __init__(self, llm: LLM, settings: ServerSettings, telemetry: Optional[Telemetry] = None,
+                 thread: Optional[TensorThread] = None):
         self.llm, self.settings = llm, settings
+        self.thread = thread  # the thread that loaded the model: the step worker runs there too
         self.telemetry = telemetry or Telemetry()
         self.health = Health()
         self.scheduler: Optional[Scheduler] = None
@@ -90,7 +93,8 @@ class CelerisServer:
 
     async def start(self) -> int:
         s = self.settings
-        self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step, max_open=s.max_streams)
+        self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step, max_open=s.max_streams,
+                                   thread=self.thread)
         self.telemetry.bind_scheduler(self.scheduler)
         self.scheduler.start()
         self.lifecycle = Lifecycle(self.llm, self.scheduler, self.telemetry)
@@ -165,7 +169,8 @@ class CelerisServer:
 
 
 async def create_server(llm: LLM, settings: ServerSettings = ServerSettings(port=0),
-                        telemetry: Optional[Telemetry] = None) -> tuple[CelerisServer, int]:
-    server = CelerisServer(llm, settings, telemetry)
+                        telemetry: Optional[Telemetry] = None,
+                        thread: Optional[TensorThread] = None) -> tuple[CelerisServer, int]:
+    server = CelerisServer(llm, settings, telemetry, thread)
     port = await server.start()
     return server, port

@@ -106,7 +106,7 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
 
 def serve_from_args(a: argparse.Namespace) -> int:
     from engine.llm import LLM
-    from engine.threads import configure_threads
+    from engine.threads import TensorThread, configure_threads
     from server.app import ServerSettings
     from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
@@ -116,7 +116,10 @@ def serve_from_args(a: argparse.Namespace) -> int:
     configure_threads(a.threads, serving=True)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
-    llm = LLM.load(a.model, cfg)
+    # The model is loaded on the thread that will run every step (engine/threads.py: one OpenMP
+    # team; a second thread's forwards ran 2x slower on 2 CPUs).
+    thread = TensorThread()
+    llm = thread.call(LLM.load, a.model, cfg)
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
         from engine.sim_runner import simulate
 
@@ -129,17 +132,17 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
-    asyncio.run(_serve(llm, settings, telemetry))
+    asyncio.run(_serve(llm, settings, telemetry, thread))
     return 0
 
 
-async def _serve(llm, settings, telemetry) -> None:
+async def _serve(llm, settings, telemetry, thread=None) -> None:
     import structlog
 
     from server.app import create_server
 
     log = structlog.get_logger("celeris")
-    server, _ = await create_server(llm, settings, telemetry)
+    server, _ = await create_server(llm, settings, telemetry, thread)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task] = []
 

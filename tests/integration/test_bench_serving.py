@@ -18,6 +18,8 @@ def test_stream_modes_pick_up_delta_once_the_protos_have_it(monkeypatch):
     monkeypatch.setattr(stream_load.pb, "SNAPSHOT_FORMAT_DELTA", 2, raising=False)
     names = [n for n, _ in stream_load.stream_modes()]
     assert names[0] == "delta" and {"full", "block", "final", "block-delta"} <= set(names)
+    opts = stream_load.MODES["delta-provisional"]()
+    assert opts.provisional and opts.format == stream_load.pb.SNAPSHOT_FORMAT_DELTA
 
 
 def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
@@ -30,7 +32,7 @@ def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
     c = report["conditions"]
     assert c["threads"] == 1 and c["model"] == "celeris-tiny" and c["commit"]
     modes = c["modes"]
-    assert {"full", "block", "final"} <= set(modes)
+    assert {"full", "block", "final"} <= set(modes) and "delta-provisional" not in modes  # opt-in only
     assert sorted(report["cells"]) == ["16/1", "16/4"]
     for cell in report["cells"].values():
         rows = cell["modes"]

@@ -104,3 +104,58 @@ def test_serving_leaves_the_event_loop_a_core_from_four_cpus(monkeypatch):
         assert threads.configure_threads(2, serving=True) == 2  # --threads wins
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_tensor_thread_runs_its_jobs_in_order_on_one_thread():
+    import threading
+
+    tt = threads.TensorThread(name="test-tensor")
+    seen = []
+    futures = [tt.submit(lambda i=i: seen.append((i, threading.get_ident()))) for i in range(5)]
+    for f in futures:
+        f.result(timeout=10)
+    assert [i for i, _ in seen] == list(range(5)) and {t for _, t in seen} == {tt.ident}
+    assert tt.ident != threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        tt.call(lambda: 1 / 0)
+    assert tt.call(lambda x, y=0: x + y, 2, y=3) == 5  # an error does not end the thread
+    tt.close()
+    tt._thread.join(timeout=10)
+    assert not tt._thread.is_alive()
+
+
+def test_a_scheduler_given_the_loading_thread_steps_on_it(tiny_model_dir):
+    """`celeris serve` loads the model on a TensorThread and hands it to the scheduler: every
+    forward then runs on the thread that loaded the model (one OpenMP team, see engine/threads.py)."""
+    import asyncio
+    import threading
+
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    from engine.params import SamplingParams
+    from engine.scheduler import Scheduler
+
+    tt = threads.TensorThread(name="test-tensor")
+    llm = tt.call(LLM.load, tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_gen_length=64))
+    stepped_on = set()
+    step = llm.runner.step
+
+    def recording_step(seqs):
+        stepped_on.add(threading.get_ident())
+        return step(seqs)
+
+    llm.runner.step = recording_step
+
+    async def go():
+        sched = Scheduler(llm.loop, thread=tt)
+        sched.start()
+        with sched.submit(llm.request("Emma", SamplingParams(gen_length=16, steps=8, block_length=8, seed=0,
+                                                                ignore_eos=True))) as s:
+            events = [ev async for ev in s]
+        await sched.stop()
+        return events
+
+    events = asyncio.run(asyncio.wait_for(go(), timeout=60))
+    assert events[-1].finished and len(events) == 8
+    assert stepped_on == {tt.ident}
+    assert tt.call(lambda: 7) == 7  # the stopped scheduler's worker has given the thread back
