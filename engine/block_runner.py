@@ -55,6 +55,11 @@ class BlockRunner:
         start, end = s.window
         return end - start + start // 32
 
+    @staticmethod
+    def forward_kind(s: BlockSequence) -> bool:
+        """Prefill rows and the others run as separate forwards of a step (see `step`)."""
+        return s.phase == PREFILL
+
     def load(self, seq: BlockSequence) -> None:
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
         row[:len(seq.prompt)] = torch.tensor(seq.prompt)

@@ -137,6 +137,11 @@ class Runner:
             return s.params.block_length + 1
         return s.length * (2 if mode == "cfg" else 1)
 
+    def forward_kind(self, s: Sequence) -> str:
+        """The forward this row's next step joins (`step` runs one per kind): the scheduler
+        groups rows by length within a kind only."""
+        return self._plan(s)[0]
+
     def load(self, seq: Sequence) -> None:
         """Write a new request's prompt + masked canvas into its slot (right-aligned)."""
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)

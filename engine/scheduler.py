@@ -67,6 +67,9 @@ class StepLoop:
         # What one more forward costs, in tokens of padding it would save: the grouping's price.
         self.overhead = overhead if overhead is not None else getattr(runner, "forward_overhead_tokens", 256)
         self._row_tokens: Callable[[Sequence], int] = getattr(runner, "row_tokens", lambda s: s.length)
+        # Which of the runner's forwards a row takes this step (rows of different kinds never
+        # share a forward, so never pad each other): None where the runner has one kind.
+        self._forward_kind: Callable[[Sequence], object] = getattr(runner, "forward_kind", lambda s: None)
         self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
@@ -121,9 +124,18 @@ class StepLoop:
         return max(1, seq.total_steps - seq.nfe) * self._row_tokens(seq)
 
     def next_batch(self) -> list[Sequence]:
-        """The running requests that step now: one group of like-length rows (engine/batching.py)."""
-        groups = partition(self.running, self._row_tokens, self.overhead)
-        return (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
+        """The running requests that step now: of each kind of forward the runner will run (a KV
+        cache's refresh or cached step, a block model's prefill or denoise), one group of
+        like-length rows (engine/batching.py). Kinds run as separate forwards of the same step
+        whatever the grouping, so holding one kind back for another would only cost a step."""
+        kinds: dict[object, list[Sequence]] = {}
+        for seq in self.running:
+            kinds.setdefault(self._forward_kind(seq), []).append(seq)
+        batch: list[Sequence] = []
+        for rows in kinds.values():
+            groups = partition(rows, self._row_tokens, self.overhead)
+            batch += (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
+        return batch
 
     def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
         """Admit, run one batched forward + selection for the group that steps, apply results,

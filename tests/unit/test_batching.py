@@ -102,3 +102,28 @@ def _finished(llm, prompts, p):
     seqs = [llm.sequence(x, p, request_id=str(i)) for i, x in enumerate(prompts)]
     _run(llm, seqs)
     return seqs
+
+
+def test_rows_in_different_forwards_of_the_runner_step_together(tiny_model_dir):
+    """With a KV cache, a block's first step (a full forward that stores the cache) and the
+    cached steps of other rows are separate forwards of one step whatever the grouping: the
+    scheduler groups by length within each kind, so neither waits for the other."""
+    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_prompt_tokens=256, max_gen_length=64,
+                                                forward_overhead_tokens=64, kv_cache="dual"))
+    p = replace(llm.defaults, gen_length=32, steps=32, block_length=16, seed=0, stop_at_eos=False)
+    early = llm.sequence([1, 40, 41], p, request_id="early")
+    llm.loop.add(early, bounded=False)
+    for _ in range(3):  # early is now in cached steps of its first block
+        llm.loop.step()
+    late = llm.sequence(list(range(10, 160)), p, request_id="late")  # its first step: a 182-column store
+    llm.loop.add(late, bounded=False)
+    _, record = llm.loop.step()
+    # By length alone these two would not share a forward (182 vs 17 columns, overhead 64).
+    assert sorted(record.request_ids) == ["early", "late"] and record.stats.forwards == 2
+    while not llm.loop.idle:
+        llm.loop.step()
+    alone = llm.sequence(list(range(10, 160)), p, request_id="alone")
+    llm.loop.add(alone, bounded=False)
+    while not llm.loop.idle:
+        llm.loop.step()
+    assert llm.result(late).token_ids == llm.result(alone).token_ids  # who steps beside changes no token
