@@ -11,6 +11,7 @@ beside a server bench on the same machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -28,11 +29,12 @@ class InProcessBackend:
         self.args = a
         self.llm: Optional[LLM] = None
         self.scheduler: Optional[Scheduler] = None
+        self.thread = None  # the TensorThread the model is loaded and stepped on
 
     async def open(self) -> dict[str, Any]:
         import torch
 
-        from engine.threads import configure_threads
+        from engine.threads import TensorThread, configure_threads
 
         a = self.args
         configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
@@ -40,8 +42,10 @@ class InProcessBackend:
         cfg = EngineConfig(device=a.device, dtype=a.dtype, max_batch=a.max_batch or a.concurrency,
                            max_queue=max(64, a.requests + a.warmup), max_gen_length=max(512, gen),
                            max_prompt_tokens=max(512, a.prompt_len))
-        self.llm = LLM.load(a.model, cfg)
-        self.scheduler = Scheduler(self.llm.loop)
+        # Loaded on the thread that will step it, as `celeris serve` does (engine/threads.py).
+        self.thread = TensorThread()
+        self.llm = await asyncio.wrap_future(self.thread.submit(LLM.load, a.model, cfg))
+        self.scheduler = Scheduler(self.llm.loop, thread=self.thread)
         self.scheduler.start()
         d = self.llm.defaults
         return {"server": "in-process", "model": self.llm.name, "architecture": self.llm.model_config.arch,
@@ -66,3 +70,5 @@ class InProcessBackend:
     async def close(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.stop()
+        if self.thread is not None:
+            self.thread.close()
