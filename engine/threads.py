@@ -17,8 +17,11 @@ CPUs a core is too large a share of the forward to give up, and all are used.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -135,22 +138,19 @@ class TensorThread:
 
     Why: torch's CPU kernels run their parallel regions on an OpenMP team, and libgomp gives every
     thread that opens a region its own team. A model loaded on the main thread and stepped on a
-    worker leaves two teams, more OpenMP threads than CPUs, and libgomp then stops spinning
-    between regions: each of a step's thousands of small regions waits on a futex wake-up.
-    Measured on 2 CPUs (celeris-tiny, batch 16, gen 64): a step took 16 ms on the thread that
-    loaded the model and 30 ms on a second thread; 16 ms again when that second thread had done
-    the loading too (`tests/unit/test_threads.py` checks the jobs' thread, not the speed).
+    worker leaves two teams, more OpenMP threads than CPUs, and the worker's regions then run as
+    with OMP_WAIT_POLICY=passive (no spinning between regions: each of a step's thousands of
+    small regions waits for a wake-up). Measured on 2 CPUs (celeris-tiny, batch 16, gen 64,
+    threshold 0.9, dual cache): a step took 16 ms on the thread that loaded the model, 29-31 ms
+    on a second thread (as on the first under OMP_WAIT_POLICY=passive), and 16 ms again when
+    the second thread had done the loading (`tests/unit/test_threads.py` checks which thread
+    runs the jobs, not the speed).
 
     A daemon thread, like the scheduler's own: a job that never ends cannot hold the
     interpreter at exit.
     """
 
     def __init__(self, name: str = "celeris-step"):
-        import concurrent.futures
-        import queue
-        import threading
-
-        self._futures = concurrent.futures
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -174,7 +174,7 @@ class TensorThread:
 
     def submit(self, fn, *args, **kwargs):
         """Queue `fn(*args, **kwargs)` behind the jobs already queued -> concurrent.futures.Future."""
-        future = self._futures.Future()
+        future: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put((future, fn, args, kwargs))
         return future
 
