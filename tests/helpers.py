@@ -42,3 +42,16 @@ def make_model_dir(folder: Path, seed: int = 0, **cfg_overrides) -> Path:
     save_model(random_model(cfg, seed), folder)
     data.save_tokenizer(tok, folder)
     return folder
+
+
+def simulated_llm(model_dir: Path, step_s: float, max_batch: int = 4):
+    """An LLM over `model_dir` whose runner is engine/sim_runner.py's, each step `step_s` long
+    (the tokenizer and request validation stay real)."""
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    from engine.sim_runner import simulate
+
+    llm = LLM.load(model_dir, EngineConfig(max_batch=max_batch, max_queue=2 * max_batch, max_prompt_tokens=64,
+                                           max_gen_length=64))
+    simulate(llm, step_s)
+    return llm

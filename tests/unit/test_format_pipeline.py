@@ -9,20 +9,16 @@ import time
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm import LLM
 from engine.params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sim_runner import simulate
+from tests.helpers import simulated_llm
 
 STEP_S = 0.02
 
 
 @pytest.fixture
 def sim_llm(tiny_model_dir):
-    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_queue=8, max_prompt_tokens=64, max_gen_length=64))
-    simulate(llm, STEP_S)
-    return llm
+    return simulated_llm(tiny_model_dir, STEP_S)
 
 
 class SlowFormatter:

@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidRequest
 from engine.llm import LLM
 from engine.params import SamplingParams
-from engine.sim_runner import simulate
+from tests.helpers import simulated_llm
 from tests.unit.block_references.checkpoints import write_sdar_checkpoint
 
 
@@ -96,8 +96,7 @@ def test_a_block_model_reports_its_current_block(tmp_path):
 
 
 def test_the_simulated_runner_reports_the_rest_of_its_block(tiny_model_dir):
-    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_prompt_tokens=64, max_gen_length=64))
-    simulate(llm, 0.0)
+    llm = simulated_llm(tiny_model_dir, 0.0, max_batch=2)
     events = []
     llm.generate(["Emma"], SamplingParams(gen_length=16, steps=8, block_length=8, seed=0, provisional=True),
                  on_event=events.append)

@@ -8,18 +8,15 @@ import time
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm import LLM
 from engine.params import SamplingParams
 from engine.sim_runner import SimulatedRunner, ordinary_tokens, simulate
 from engine.sequence import FinishReason
+from tests.helpers import simulated_llm
 
 
 @pytest.fixture
 def sim_llm(tiny_model_dir):
-    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_queue=8, max_prompt_tokens=64, max_gen_length=64))
-    simulate(llm, 0.002)
-    return llm
+    return simulated_llm(tiny_model_dir, 0.002)
 
 
 def test_requests_finish_on_schedule_with_ordinary_tokens(sim_llm):
