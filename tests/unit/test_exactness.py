@@ -96,9 +96,16 @@ def test_left_padding_leaves_the_rows_logits_bit_for_bit(llada_dirs, dtype):
     pad = len(long) - len(short)
     batch = torch.tensor([[0] * pad + short, long])
     mask = torch.tensor([[False] * pad + [True] * len(short), [True] * len(long)])
-    together = model(batch, key_mask=mask)
-    solo = model(torch.tensor([short]))
     # On CPU each row attends alone over its real keys: the padded row is the solo call's bits.
+    # One thread: with several, a GEMM may split its work by the batch's shape, and the order of
+    # a float sum with it (measured on a 2-core AMD EPYC: 1e-5 apart at 2 threads, equal at 1).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        together = model(batch, key_mask=mask)
+        solo = model(torch.tensor([short]))
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(together[0, pad:], solo[0])
 
 
