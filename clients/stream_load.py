@@ -30,7 +30,7 @@ import grpc
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 
-REQUEST_FIELDS = ("gen_length", "steps", "block_length", "threshold", "seed")
+REQUEST_FIELDS = ("gen_length", "steps", "block_length", "threshold", "seed", "frequency_penalty", "presence_penalty")
 
 
 def stream_modes() -> list[tuple[str, Callable[[], pb.StreamOptions]]]:

@@ -30,7 +30,8 @@ FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_P
 SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
-                "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs", "n")
+                "eps", "top_k", "top_p", "ignore_eos", "min_tokens", "logprobs", "n", "frequency_penalty",
+                "presence_penalty")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
 KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
@@ -135,6 +136,8 @@ class Defaults:
     block_length: int
     temperature: float
     remasking: str
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ class ModelInfo:
         return cls(m.name, m.architecture, m.parameter_count, m.vocab_size, m.mask_token_id, m.eos_token_id,
                    Limits(lim.max_prompt_tokens, lim.max_gen_length, lim.max_batch, lim.max_queue),
                    Defaults(d.gen_length, d.steps, d.block_length, d.temperature,
-                            REMASKING_NAMES.get(d.remasking, "unspecified")),
+                            REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty),
                    m.dtype, m.device)
 
 

@@ -28,7 +28,7 @@ from engine.cache import BlockKVStore
 from engine.config import EngineConfig
 from engine.model import KVCache, MaskPredictor
 from engine.runner import RowResult, StepStats, row_logprobs, row_provisional, stop_ban
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, penalize, select_tokens, token_logprobs, topk_commit
 
 
 class BlockRunner:
@@ -143,6 +143,16 @@ class BlockRunner:
         return {"top_k": torch.tensor([q.top_k for q in p], device=self.device),
                 "top_p": torch.tensor([q.top_p for q in p], dtype=torch.float64, device=self.device)}
 
+    def _penalized(self, rows: list[BlockSequence], logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """`penalize` over each slot's committed response (logprobs keep the raw logits)."""
+        p = [s.params for s in rows]
+        if not any(q.frequency_penalty or q.presence_penalty for q in p):
+            return logits
+        t = lambda xs: torch.tensor(xs, device=self.device)  # noqa: E731
+        exclude = stop_ban(rows, len(rows), self.model.cfg.vocab_size, self.device)[0]
+        return penalize(logits, self.tokens[slots], t([len(s.prompt) for s in rows]),
+                        t([q.frequency_penalty for q in p]), t([q.presence_penalty for q in p]), exclude, self.mask_id)
+
     def _select(self, rows, logits, ids, real, slots, start) -> list[RowResult]:
         """Commit tokens in the denoise rows' blocks, as the published loops choose them."""
         B, Wq = ids.shape
@@ -154,7 +164,7 @@ class BlockRunner:
         floats = lambda xs: torch.tensor(xs, dtype=torch.float64, device=dev)  # noqa: E731
         thresholds = [q.threshold or 0.0 for q in p]
         x0, commit, conf, n_commit = select_tokens(
-            logits, ids, candidate, k=ints([s.tokens_this_step for s in rows]),
+            self._penalized(rows, logits, slots), ids, candidate, k=ints([s.tokens_this_step for s in rows]),
             temperature=floats([q.temperature for q in p]), remask=ints([REMASK_CODE[q.remasking] for q in p]),
             threshold=floats(thresholds), factor=floats([q.factor or 0.0 for q in p]),
             seed=ints([q.seed or 0 for q in p]), step=ints([s.nfe for s in rows]),

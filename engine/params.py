@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from engine.errors import FieldViolation, InvalidRequest
+from engine.errors import FieldViolation, InvalidRequest, clip
 
 REMASKING = ("low_confidence", "random", "margin", "entropy")
 """How a position's confidence is measured: the sampled token's probability (LLaDA), a uniform
@@ -33,6 +33,7 @@ MAX_SEED = 2**63 - 1
 MAX_STOP_IDS = 64
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty / presence_penalty: [-2, 2]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end the output like EOS
     ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
     min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
+    # OpenAI's penalties, subtracted from the logits at every masked position: frequency_penalty
+    # times how often each token already stands in the response, presence_penalty once if it does
+    # at all. Counted over committed response tokens, never the prompt or the stop tokens (the EOS
+    # padding a diffusion canvas ends with). See `sampler.penalize`.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     logprobs: Optional[int] = None  # report each committed token's log-probability (+ this many alternatives)
     # Report, every step, the token the sampler ranks first at each candidate position it left
     # masked in the current block, with its confidence (StepEvent.provisional).
@@ -138,6 +145,10 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not _finite(val) or not -MAX_PENALTY <= val <= MAX_PENALTY:
+                bad(name, f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {clip(val)}")
         if not isinstance(self.provisional, bool):
             bad("provisional", f"must be a boolean, got {self.provisional!r}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:

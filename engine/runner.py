@@ -22,7 +22,7 @@ import torch
 from engine.cache import KVCacheStore
 from engine.config import EngineConfig
 from engine.model import MaskPredictor
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, select_tokens, token_logprobs, topk_commit
+from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, penalize, select_tokens, token_logprobs, topk_commit
 from engine.sequence import Sequence
 
 # Rows of the packed integer input.
@@ -83,6 +83,7 @@ class Bucket:
     any_random: bool  # any random remasking
     filtered: bool = False  # any top-k / top-p
     banning: bool = False  # any min_tokens (its ban list is not a graph input: eager)
+    penalized: bool = False  # any frequency / presence penalty (eager, like banning)
     logprobs: int = -1  # most alternatives any row asks for; -1: no row wants logprobs (eager when >= 0)
     padded: bool = True  # some row is shorter than L (else attention runs without a mask)
     fresh: int = 0  # fresh width of a cached step: the block (dual) or block-to-end (prefix)
@@ -199,6 +200,7 @@ class Runner:
                         any(s.params.remasking == "random" for s in seqs),
                         filtered=any(s.params.top_k > 0 or s.params.top_p < 1 for s in seqs),
                         banning=any(s.params.min_tokens > 0 for s in seqs),
+                        penalized=any(s.params.frequency_penalty or s.params.presence_penalty for s in seqs),
                         logprobs=max((s.params.logprobs for s in seqs if s.params.logprobs is not None), default=-1),
                         padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
         # The array each published loop ranks with torch.topk: (its length, the window's offset).
@@ -244,19 +246,27 @@ class Runner:
 
     def _execute(self, mode: str, group: list[Sequence], b: Bucket, ints: torch.Tensor, floats: torch.Tensor,
                  spans: list[tuple[int, int]]):
-        if mode == "full" and self.use_graphs and not b.banning and b.logprobs < 0:
+        if mode == "full" and self.use_graphs and not (b.banning or b.penalized) and b.logprobs < 0:
             return (*self._replay(b, ints, floats), True)
-        ban = stop_ban(group, b.B, self.model.cfg.vocab_size, self.device) if b.banning else None
+        stops = stop_ban(group, b.B, self.model.cfg.vocab_size, self.device) if b.banning or b.penalized else None
+        ban = stops if b.banning else None
+        penalty = None
+        if b.penalized:  # (frequency, presence, ids never counted): padding rows get no penalty
+            pad = [0.0] * (b.B - len(group))
+            penalty = (*(torch.tensor([getattr(s.params, k) for s in group] + pad, device=self.device)
+                         for k in ("frequency_penalty", "presence_penalty")), stops[0])
         scale = None
         if mode == "cfg":
             scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
-        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans, ban=ban), False)
+        return (*self._compute(b, ints, floats, mode=mode, cfg_scale=scale, spans=spans, ban=ban, penalty=penalty),
+                False)
 
     # ------------------------------------------------------------------ device side
 
     def _compute(self, b: Bucket, ints: torch.Tensor, floats: torch.Tensor, mode: str = "full",
                  cfg_scale: torch.Tensor | None = None, spans: list[tuple[int, int]] | None = None,
-                 ban: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 ban: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 penalty: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         """Forward + selection + write-back for one bucket -> (commit, new tokens, confidences,
         `token_logprobs` outputs or None, the sampler's pick at each candidate left masked and -1
         elsewhere). Fixed shapes; no host sync unless `spans` asks for the published tie order
@@ -284,10 +294,12 @@ class Runner:
                 logits = self._guided(logits, ids, valid, positions, out_index, ints, cfg_scale)
 
         tokens = torch.gather(ids, 1, out_index)
+        # Penalties steer the pick and its confidence; logprobs stay the model's own.
+        pick = logits if penalty is None else penalize(logits, ids, L - ints[GEN_LEN], *penalty, self.mask_id)
         candidate = in_block & (tokens == self.mask_id) & ((ints[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         dream = self.model.cfg.logit_shift  # Dream's sampler: softmax argmax, model-dtype confidences
         x0, commit, conf, n_commit = select_tokens(
-            logits, tokens, candidate, k=ints[K], temperature=floats[TEMPERATURE], remask=ints[REMASK],
+            pick, tokens, candidate, k=ints[K], temperature=floats[TEMPERATURE], remask=ints[REMASK],
             threshold=floats[THRESHOLD], factor=floats[FACTOR], seed=ints[SEED], step=ints[STEP],
             pos=ints[BLOCK_START][:, None] + w[None, :], sampling=b.sampling, any_random=b.any_random,
             factor_rule=ints[FACTOR_RULE], conf_dtype=logits.dtype if dream else torch.float64, x0_from_probs=dream,

@@ -207,6 +207,28 @@ def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.T
     return x0, commit, conf, n_commit
 
 
+def penalize(logits: torch.Tensor, canvas: torch.Tensor, response_from: torch.Tensor, frequency: torch.Tensor,
+             presence: torch.Tensor, exclude: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """OpenAI's frequency and presence penalties on a diffusion canvas.
+
+    logits (B, W, V) of the positions being decoded; canvas (B, L) each row's ids, its response
+    starting at column response_from (B,); frequency, presence (B,); exclude (B, S) ids never
+    counted, padded with V (the row's stop tokens: a finished block's EOS padding is not text).
+    Every committed response token counts, in whatever order the reverse process committed it:
+    logits[v] -= frequency * count(v) + presence * (count(v) > 0).
+    """
+    B, L = canvas.shape
+    V = logits.shape[-1]
+    counted = (torch.arange(L, device=canvas.device)[None, :] >= response_from[:, None]) & (canvas != mask_id)
+    ids = torch.where(counted, canvas.clamp(0, V), torch.full_like(canvas, V))
+    counts = torch.zeros(B, V + 1, dtype=torch.float32, device=canvas.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    counts.scatter_(1, exclude, 0.0)
+    counts = counts[:, :V]
+    penalty = frequency[:, None].float() * counts + presence[:, None].float() * (counts > 0)
+    return logits - penalty[:, None, :].to(logits.dtype)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int
                    ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """log p(token) under the model's distribution at this step (raw logits: no temperature or
@@ -317,6 +339,8 @@ def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingPar
                 logits = un + (p.cfg_scale + 1) * (cond - un)
             else:
                 logits = model(x, attention_mask)
+            if p.frequency_penalty or p.presence_penalty:
+                logits = _reference_penalty(logits, x, Lp, p, stop_ids, mask_id)
             step = torch.full((B,), nfe, dtype=torch.long, device=x.device)
             if p.temperature > 0:
                 u = uniform_noise(seed, step, pos, logits.shape[-1], stream=0)
@@ -350,6 +374,15 @@ def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingPar
             x[:, end:] = torch.where(x[:, end:] == mask_id, eos, x[:, end:])
             break
     return x, nfe
+
+
+def _reference_penalty(logits, x, Lp, p: SamplingParams, stop_ids: Sequence[int], mask_id: int) -> torch.Tensor:
+    """`penalize`, for one batch sharing one prompt width and one set of stop ids."""
+    B, V = x.shape[0], logits.shape[-1]
+    exclude = torch.tensor([sorted(stop_ids) or [V]] * B, device=x.device)
+    full = lambda v: torch.full((B,), float(v), device=x.device)  # noqa: E731
+    return penalize(logits, x, torch.full((B,), Lp, device=x.device), full(p.frequency_penalty),
+                    full(p.presence_penalty), exclude, mask_id)
 
 
 def _adaptive_count(conf: torch.Tensor, p: SamplingParams, n_left: int) -> int:

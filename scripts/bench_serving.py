@@ -57,8 +57,11 @@ def params_for(gen: int, a: argparse.Namespace) -> SamplingParams:
 
 
 def request_specs(prompts: list[str], p: SamplingParams) -> list[dict[str, Any]]:
+    # Every knob the engine row decodes with, so served requests do the same work: a knob left
+    # out would take the model's default (celeris-tiny's frequency_penalty) on the server only.
     return [{"prompt": x, "gen_length": p.gen_length, "steps": p.steps, "block_length": p.block_length,
-             "threshold": p.threshold, "seed": p.seed} for x in prompts]
+             "threshold": p.threshold, "seed": p.seed, "frequency_penalty": p.frequency_penalty,
+             "presence_penalty": p.presence_penalty} for x in prompts]
 
 
 def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: int, specs: list[dict],

@@ -202,6 +202,8 @@ def run_grpc(llm: LLM, prompts, params, pairs, counter: FlopCounter, concurrency
                     i, p = queue.pop(0)
                     req = pb.GenerateRequest(prompt=p, gen_length=params.gen_length, steps=params.steps,
                                              block_length=params.block_length, seed=params.seed or 0,
+                                             frequency_penalty=params.frequency_penalty,  # not the model's
+                                             presence_penalty=params.presence_penalty,  # default: same work
                                              stream_options=pb.StreamOptions(mode=pb.STREAM_MODE_FINAL_ONLY))
                     if params.threshold is not None:
                         req.threshold = params.threshold

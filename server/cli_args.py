@@ -32,6 +32,10 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_const", const=True, help="EOS and end-of-turn do not stop")
     g.add_argument("--stop", action="append", type=str, help="a string that ends the output (repeat for several)")
     g.add_argument("--min-tokens", type=int, help="no stop token in the first N positions")
+    g.add_argument("--frequency-penalty", type=float,
+                   help="OpenAI's: lower a token's logit by this per use in the response so far, in [-2, 2]")
+    g.add_argument("--presence-penalty", type=float,
+                   help="OpenAI's: lower a token's logit by this once it is in the response, in [-2, 2]")
     g.add_argument("--logprobs", type=int, help="with --json: each token's log-probability and N alternatives")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale")
     g.add_argument("--seed", type=int, help="random seed (default: chosen and reported)")
@@ -39,7 +43,7 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
 
 SAMPLING_FIELDS = ("gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor",
                    "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens",
-                   "logprobs", "stop",
+                   "logprobs", "stop", "frequency_penalty", "presence_penalty",
                    "cfg_scale", "seed")
 
 

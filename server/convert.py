@@ -112,7 +112,8 @@ def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> Sampli
     gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
     given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
                                                    "factor", "cfg_scale", "seed", "eps", "top_k", "top_p",
-                                                   "ignore_eos", "min_tokens", "logprobs")
+                                                   "ignore_eos", "min_tokens", "logprobs", "frequency_penalty",
+                                                   "presence_penalty")
              if req.HasField(name)}
     if req.stop_token_ids:
         given["stop_token_ids"] = tuple(req.stop_token_ids)
@@ -255,5 +256,6 @@ def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
                          max_batch=ec.max_batch, max_queue=ec.max_queue),
         defaults=pb.SamplingDefaults(gen_length=d.gen_length, steps=d.steps, block_length=d.block_length,
                                      temperature=d.temperature, remasking=REMASKING_TO_PB[d.remasking],
-                                     kv_cache=KV_CACHE_TO_PB[llm.kv_cache], schedule=SCHEDULE_TO_PB[d.schedule]),
+                                     kv_cache=KV_CACHE_TO_PB[llm.kv_cache], schedule=SCHEDULE_TO_PB[d.schedule],
+                                     frequency_penalty=d.frequency_penalty, presence_penalty=d.presence_penalty),
         dtype=ec.dtype, device=ec.device)

@@ -7,9 +7,9 @@ client never trips over "gen_length must be a multiple of block_length". Extensi
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
 remasking, and `diffusing` (stream snapshots: true or "delta" sends only the changed positions,
 "full" the whole canvas every step); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
-`ignore_eos` as in vLLM; `stop` and `logprobs` / `top_logprobs` as OpenAI. OpenAI parameters this
-server cannot honour (penalties, logit_bias, response_format, tools, best_of, suffix) and unknown
-keys are a 400 naming the field unless they carry their neutral value.
+`ignore_eos` as in vLLM; `stop`, `logprobs` / `top_logprobs`, `frequency_penalty` and
+`presence_penalty` as OpenAI. OpenAI parameters this server cannot honour (repetition_penalty,
+logit_bias, response_format, tools, best_of, suffix) and unknown keys are a 400 naming the field unless they carry their neutral value.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -31,13 +31,13 @@ from server.errors import ModelNotFound, error_body, to_openai
 
 INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k",
         "min_tokens", "top_logprobs")
-FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p")
+FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p", "frequency_penalty",
+          "presence_penalty")
 STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,), "suffix": ("",), "frequency_penalty": (0,), "presence_penalty": (0,),
-    "repetition_penalty": (1,), "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
+    "best_of": (1,), "suffix": ("",), "repetition_penalty": (1,), "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
     "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
 # Known fields that change nothing here: metadata, streaming options (usage always comes with the
@@ -46,7 +46,8 @@ ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_to
 EXTENSIONS = ("steps", "block_length", "threshold", "factor", "factor_rule", "schedule", "eps", "kv_cache",
               "cfg_scale", "remasking", "diffusing", "provisional", "top_k", "stop_token_ids", "min_tokens",
               "ignore_eos")
-COMMON = ("max_tokens", "temperature", "top_p", "seed", "stream", "n", "echo", "stop", "logprobs", "top_logprobs",
+COMMON = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stream", "n",
+          "echo", "stop", "logprobs", "top_logprobs",
           *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
@@ -278,7 +279,8 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     if v:
         raise InvalidRequest(v)
     names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
-             "top_p", "stop", "stop_token_ids", "min_tokens", "ignore_eos", "provisional", *STRINGS)
+             "top_p", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
+             "provisional", *STRINGS)
     given = {k: x[k] for k in names if k in x}
     logprobs = _logprobs(body, chat, x, v)
     if v:

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from celeris.v1 import generation_pb2 as pb
-from clients import CelerisClient
+from clients import CelerisClient, InvalidArgument
 from engine.params import SamplingParams
 from tests.integration.conftest import collect, running_server
 from tests.integration.live_server import live_server
@@ -143,3 +143,31 @@ def test_celeris_generate_n_prints_each_sample(tiny_llm):
             expected = [r.text for r in c.sample(PROMPT, 3, gen_length=8, steps=8, block_length=8, temperature=1.0,
                                                  seed=3)]
     assert out.stdout.splitlines() == expected
+
+
+def test_penalties_reach_the_engine_on_every_surface():
+    """frequency / presence penalty over gRPC, HTTP and the Python client decode as the engine
+    does; out of range is refused by name."""
+    from engine.llm import LLM
+
+    llm = LLM.load()  # celeris-tiny: its greedy prose loops without a penalty
+    prompt = "Edward had been staying several weeks in the"
+    knobs = dict(gen_length=32, steps=32, block_length=8, seed=0)
+    expected = llm.generate_one(prompt, SamplingParams(**knobs, frequency_penalty=0.7, presence_penalty=0.2))
+    neutral = llm.generate_one(prompt, SamplingParams(**knobs, frequency_penalty=0.0, presence_penalty=0.0))
+    assert expected.text != neutral.text
+    with live_server(llm) as live, CelerisClient(live.grpc_target) as c:
+        assert c.generate(prompt, **knobs, frequency_penalty=0.7, presence_penalty=0.2).text == expected.text
+        assert c.generate(prompt, **knobs, frequency_penalty=0.0, presence_penalty=0.0).text == neutral.text
+        shown = c.model_info().defaults  # what an unset knob gets: the model's generation_config
+        assert (shown.frequency_penalty, shown.presence_penalty) == pytest.approx(
+            (llm.defaults.frequency_penalty, llm.defaults.presence_penalty))
+        body = {"model": llm.name, "prompt": prompt, "max_tokens": 32, "steps": 32, "block_length": 8, "seed": 0,
+                "frequency_penalty": 0.7, "presence_penalty": 0.2}
+        req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert json.loads(resp.read())["choices"][0]["text"] == expected.text
+        with pytest.raises(InvalidArgument) as e:
+            c.generate(prompt, presence_penalty=-2.5)
+        assert [v.field for v in e.value.field_violations] == ["presence_penalty"]

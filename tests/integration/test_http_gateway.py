@@ -132,8 +132,7 @@ def test_400_names_the_parameter(live):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"extra_body": {"repetition_penalty": 1.3}}, "repetition_penalty"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"extra_body": {"mirostat": 2}}, "mirostat"),  # an unknown key is named, never ignored

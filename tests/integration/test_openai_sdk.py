@@ -108,5 +108,5 @@ def test_model_names_are_checked(live):
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
     with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=8, frequency_penalty=1.0)
-    assert e.value.body["param"] == "frequency_penalty"
+        c.completions.create(model="celeris-tiny", prompt=PROSE, max_tokens=8, frequency_penalty=2.5)
+    assert e.value.body["param"] == "frequency_penalty" and "[-2, 2]" in e.value.body["message"]

@@ -147,7 +147,7 @@ def test_browser_reproduces_a_seed_past_2_53(live, browser):
     browser.find_element("xpath", "//input[@value='completion']/..").click()
     fill(browser, "prompt", "It is a truth universally")
     for field, value in (("max_tokens", "16"), ("steps", "8"), ("block_length", "8"), ("temperature", "1"),
-                         ("seed", seed)):
+                         ("frequency_penalty", "0.5"), ("seed", seed)):
         fill(browser, field, value)
     browser.find_element("id", "go").click()
     WebDriverWait(browser, 60).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
@@ -159,7 +159,7 @@ def test_browser_reproduces_a_seed_past_2_53(live, browser):
 
     def run(s) -> dict:
         body = {"prompt": "It is a truth universally", "max_tokens": 16, "steps": 8, "block_length": 8,
-                "temperature": 1, "seed": s}
+                "temperature": 1, "frequency_penalty": 0.5, "seed": s}
         req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         return json.loads(urllib.request.urlopen(req).read())

@@ -159,8 +159,8 @@ def test_one_error_table_serves_both_doors():
 
 
 @pytest.mark.parametrize("body, chat, param", [
-    ({"prompt": "x", "frequency_penalty": 0.5}, False, "frequency_penalty"),
-    ({"prompt": "x", "presence_penalty": -1}, False, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": [1]}, False, "frequency_penalty"),
+    ({"prompt": "x", "presence_penalty": "high"}, False, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 1.2}, False, "repetition_penalty"),
     ({"prompt": "x", "logit_bias": {"50256": -100}}, False, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, True,
@@ -181,12 +181,17 @@ def test_unsupported_and_unknown_fields_are_refused_by_name(body, chat, param):
 
 def test_every_bad_field_is_named_at_once():
     with pytest.raises(InvalidRequest) as e:
-        parse({"prompt": "x", "presence_penalty": 1, "logit_bias": {"1": 2}, "bogus": 1})
-    assert {v.field for v in e.value.violations} == {"presence_penalty", "logit_bias", "bogus"}
+        parse({"prompt": "x", "repetition_penalty": 1.1, "logit_bias": {"1": 2}, "bogus": 1})
+    assert {v.field for v in e.value.violations} == {"repetition_penalty", "logit_bias", "bogus"}
+
+
+def test_openai_penalties_reach_the_sampler():
+    p = parse({"prompt": "x", "frequency_penalty": 0.5, "presence_penalty": -1}).params
+    assert (p.frequency_penalty, p.presence_penalty) == (0.5, -1.0)
 
 
 @pytest.mark.parametrize("extra", [
-    {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0},
+    {"repetition_penalty": 1.0},
     {"logit_bias": {}},
     {"logit_bias": None, "response_format": None, "stop": None, "n": None},
     {"response_format": {"type": "text"}},
