@@ -122,17 +122,26 @@ def distinct_ngrams(words: list[str], n: int = 4) -> Optional[float]:
     return len(set(grams)) / len(grams) if grams else None
 
 
-def prose_repetition(llm, paragraphs: list[str], gen_length: int = 64) -> dict:
-    """Greedy continuations of held-out paragraphs' first words with the default settings:
-    the mean share of distinct word 4-grams per output, how long outputs are and how many end."""
+NO_PENALTY = {"frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+def has_penalty(p: SamplingParams) -> bool:
+    return bool(p.frequency_penalty or p.presence_penalty)
+
+
+def prose_repetition(llm, paragraphs: list[str], gen_length: int = 64, **overrides) -> dict:
+    """Greedy continuations of held-out paragraphs' first words with the default settings
+    (and `overrides`): the mean share of distinct word 4-grams per output, how long outputs are
+    and how many end."""
     prompts = [" ".join(p.split()[:PROSE_WORDS]) for p in paragraphs]
-    params = fit_lengths(llm.defaults, {"gen_length": gen_length, "seed": 0, "temperature": 0.0})
+    params = fit_lengths(llm.defaults, {"gen_length": gen_length, "seed": 0, "temperature": 0.0} | overrides)
     results = llm.generate(prompts, params)
     ratios = [r for r in (distinct_ngrams(res.text.split()) for res in results) if r is not None]
     return {"prompts": len(prompts), "gen_length": gen_length, "scored": len(ratios),
             "distinct_4grams": sum(ratios) / max(1, len(ratios)),
             "mean_tokens": sum(len(r.token_ids) for r in results) / len(results),
             "ended_with_eos": sum(r.finish_reason is FinishReason.STOP for r in results) / len(results),
+            "frequency_penalty": params.frequency_penalty, "presence_penalty": params.presence_penalty,
             "samples": [(p, r.text) for p, r in list(zip(prompts, results))[:3]]}
 
 
@@ -148,13 +157,15 @@ def evaluate(llm, cache_dir: Path, decoders: Optional[dict[str, dict]] = None, l
     return {"heldout_nelbo_per_token": per_token, "heldout_nelbo_per_char": per_char, "skill_problems": len(pairs),
             "scores": scores, "lengths": skill_at_lengths(llm, pairs, lengths),
             "prose": prose_repetition(llm, held[:prose_limit]),
+            # the model's own text, without the default penalties its generation_config sets
+            "prose_unpenalised": prose_repetition(llm, held[:prose_limit], **NO_PENALTY)
+            if has_penalty(llm.defaults) else None,
             "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
             "dtype": str(llm.model.dtype).replace("torch.", "")}
 
 
 def format_report(report: dict) -> str:
     g = data.SKILL_GEN_LENGTH
-    prose = report["prose"]
     lines = [f"held-out NELBO: {report['heldout_nelbo_per_token']:.3f} nats/token, "
              f"{report['heldout_nelbo_per_char']:.3f} nats/character",
              f"skill: two-digit addition, {report['skill_problems']} held-out problems, temperature 0 "
@@ -167,9 +178,15 @@ def format_report(report: dict) -> str:
     lines += ["", f"| decoder (gen_length {g}) | accuracy | forward passes / problem |", "|---|---|---|"]
     for s in report["scores"]:
         lines.append(f"| {s.name} | {100 * s.accuracy:.1f}% | {s.forward_passes:.2f} |")
-    lines += ["", f"prose: {prose['prompts']} held-out paragraphs' first {PROSE_WORDS} words, greedy, "
-                  f"max_tokens {prose['gen_length']}: distinct word 4-grams {100 * prose['distinct_4grams']:.1f}% "
-                  f"(mean over {prose['scored']} outputs of 4+ words), mean {prose['mean_tokens']:.1f} tokens, "
-                  f"{100 * prose['ended_with_eos']:.0f}% ended with EOS"]
-    lines += [f"  {p!r} -> {t!r}" for p, t in prose["samples"]]
+    lines.append("")
+    for prose in (report["prose"], report.get("prose_unpenalised")):
+        if prose is None:
+            continue
+        penalty = (f"frequency_penalty {prose['frequency_penalty']:g}, presence_penalty {prose['presence_penalty']:g}"
+                   + (" (the defaults)" if prose is report["prose"] else " (the model alone)"))
+        lines += [f"prose: {prose['prompts']} held-out paragraphs' first {PROSE_WORDS} words, greedy, "
+                  f"max_tokens {prose['gen_length']}, {penalty}: distinct word 4-grams "
+                  f"{100 * prose['distinct_4grams']:.1f}% (mean over {prose['scored']} outputs of 4+ words), "
+                  f"mean {prose['mean_tokens']:.1f} tokens, {100 * prose['ended_with_eos']:.0f}% ended with EOS"]
+        lines += [f"  {p!r} -> {t!r}" for p, t in prose["samples"]]
     return "\n".join(lines)

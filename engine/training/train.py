@@ -47,6 +47,9 @@ STEPS = {"llada": 15000, "sdar": 7500}
 # celeris-tiny-block decodes in blocks of 4 whatever the canvas and needs none (95% at 256).
 LONG_STEPS = {"llada": 3000, "sdar": 0}
 LONG_LR = 5e-4
+# The shipped models' default frequency penalty: at 0.1 greedy prose has 88-90% distinct word
+# 4-grams, at 0.2 95-97% (without: 62-66%), additions unchanged; see the model cards.
+FREQUENCY_PENALTY = 0.2
 
 
 def model_config(vocab_size: int, size: str = "base", arch: str = "llada") -> ModelConfig:
@@ -154,10 +157,11 @@ def _save(model: MaskPredictor, tok, out: Path) -> None:
     save_model(model, out)
     data.save_tokenizer(tok, out)
     # Serving defaults: max_tokens 64, one token per step, in blocks (semi-autoregressive), so a
-    # short answer is decided in the first block whatever the canvas length.
+    # short answer is decided in the first block whatever the canvas length; a small frequency
+    # penalty, without which greedy prose of a model this size loops (measured in the model card).
     block = BLOCK if model.cfg.family == "block" else 8
-    (out / "generation_config.json").write_text(json.dumps({"gen_length": 64, "steps": 64, "block_length": block},
-                                                           indent=2) + "\n")
+    defaults = {"gen_length": 64, "steps": 64, "block_length": block, "frequency_penalty": FREQUENCY_PENALTY}
+    (out / "generation_config.json").write_text(json.dumps(defaults, indent=2) + "\n")
 
 
 def _init(model: MaskPredictor) -> None:
