@@ -216,7 +216,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "model": llm.name, "dtype": "float32", "device": "cpu", "threads": a.threads, "cpus_available": available_cpus(),
         "cpu_count": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": platform.python_version(), "torch": torch.__version__, "commit": git_commit(),
-        "decoder": f"threshold={a.threshold}, kv_cache={a.kv_cache}, steps=gen_length, block_length={a.block_length}",
+        "decoder": f"threshold={a.threshold}, kv_cache={a.kv_cache}, steps=gen_length, block_length={a.block_length}, "
+                   "no frequency or presence penalty (whatever the model defaults to)",
         "repeats": a.repeats, "modes": modes, "clients": "one process, one channel, asyncio streams"}}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp, ClientProcess() as client:
         report["cells"] = run_matrix(a, llm, client, modes, Path(tmp))

@@ -9,7 +9,8 @@ remasking, and `diffusing` (stream snapshots: true or "delta" sends only the cha
 "full" the whole canvas every step); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
 `ignore_eos` as in vLLM; `stop`, `logprobs` / `top_logprobs`, `frequency_penalty` and
 `presence_penalty` as OpenAI. OpenAI parameters this server cannot honour (repetition_penalty,
-logit_bias, response_format, tools, best_of, suffix) and unknown keys are a 400 naming the field unless they carry their neutral value.
+logit_bias, response_format, tools, best_of, suffix) and unknown keys are a 400 naming the field
+unless they carry their neutral value.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -37,7 +38,8 @@ STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fiel
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,), "suffix": ("",), "repetition_penalty": (1,), "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],),
+    "best_of": (1,), "suffix": ("",), "repetition_penalty": (1,), "logit_bias": ({},),
+    "response_format": ({"type": "text"},), "tools": ([],),
     "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
 # Known fields that change nothing here: metadata, streaming options (usage always comes with the
