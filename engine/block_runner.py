@@ -27,7 +27,7 @@ from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
 from engine.cache import BlockKVStore
 from engine.config import EngineConfig
 from engine.model import KVCache, MaskPredictor
-from engine.runner import RowResult, StepStats, row_logprobs, row_provisional, stop_ban
+from engine.runner import RowResult, StepStats, penalty_rates, row_logprobs, row_provisional, stop_ban
 from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, penalize, select_tokens, token_logprobs, topk_commit
 
 
@@ -145,13 +145,12 @@ class BlockRunner:
 
     def _penalized(self, rows: list[BlockSequence], logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """`penalize` over each slot's committed response (logprobs keep the raw logits)."""
-        p = [s.params for s in rows]
-        if not any(q.frequency_penalty or q.presence_penalty for q in p):
+        if not any(s.params.frequency_penalty or s.params.presence_penalty for s in rows):
             return logits
-        t = lambda xs: torch.tensor(xs, device=self.device)  # noqa: E731
         exclude = stop_ban(rows, len(rows), self.model.cfg.vocab_size, self.device)[0]
-        return penalize(logits, self.tokens[slots], t([len(s.prompt) for s in rows]),
-                        t([q.frequency_penalty for q in p]), t([q.presence_penalty for q in p]), exclude, self.mask_id)
+        prompt = torch.tensor([len(s.prompt) for s in rows], device=self.device)
+        return penalize(logits, self.tokens[slots], prompt, *penalty_rates(rows, len(rows), self.device), exclude,
+                        self.mask_id)
 
     def _select(self, rows, logits, ids, real, slots, start) -> list[RowResult]:
         """Commit tokens in the denoise rows' blocks, as the published loops choose them."""

@@ -98,6 +98,13 @@ def stop_ban(seqs: Seq[Sequence], B: int, vocab: int, device: torch.device) -> t
     return torch.tensor(ids, device=device), torch.tensor(before, device=device)
 
 
+def penalty_rates(seqs: Seq[Sequence], B: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(frequency (B,), presence (B,)) penalties for `sampler.penalize`; padding rows get none."""
+    pad = [0.0] * (B - len(seqs))
+    return tuple(torch.tensor([getattr(s.params, k) for s in seqs] + pad, device=device)
+                 for k in ("frequency_penalty", "presence_penalty"))
+
+
 class Runner:
     def __init__(self, model: MaskPredictor, config: EngineConfig):
         self.model = model
@@ -251,10 +258,8 @@ class Runner:
         stops = stop_ban(group, b.B, self.model.cfg.vocab_size, self.device) if b.banning or b.penalized else None
         ban = stops if b.banning else None
         penalty = None
-        if b.penalized:  # (frequency, presence, ids never counted): padding rows get no penalty
-            pad = [0.0] * (b.B - len(group))
-            penalty = (*(torch.tensor([getattr(s.params, k) for s in group] + pad, device=self.device)
-                         for k in ("frequency_penalty", "presence_penalty")), stops[0])
+        if b.penalized:  # (frequency, presence, ids never counted)
+            penalty = (*penalty_rates(group, b.B, self.device), stops[0])
         scale = None
         if mode == "cfg":
             scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
