@@ -5,7 +5,8 @@ of exactly `prompt_len` token ids. Reported: output tokens/s (generated non-EOS 
 time), requests/s, time to first snapshot and end-to-end latency (p50/p95/mean), and tokens per
 forward pass (generated tokens / per-request forward passes: how parallel the decoder is). The
 JSON report records the conditions beside the figures: machine, threads or device, model, dtype,
-concurrency and the server's max batch, lengths, steps and decoder.
+concurrency and the server's max batch, lengths, steps and decoder (penalties included: the
+model's defaults unless the run sets them).
 
 A backend does the per-request work: `GrpcBackend` here (the Python client against a server),
 or the engine-side backend that `celeris bench --in-process` injects (server/bench_inprocess.py),
@@ -27,7 +28,7 @@ from clients.client import AsyncCelerisClient
 from clients.progress import Progress, percentile
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sea rolls in under a grey sky. "
-DECODER_KNOBS = ("temperature", "remasking", "threshold", "factor", "cfg_scale")
+DECODER_KNOBS = ("temperature", "remasking", "threshold", "factor", "cfg_scale", "frequency_penalty", "presence_penalty")
 
 
 @dataclass(frozen=True)

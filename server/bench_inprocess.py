@@ -52,7 +52,8 @@ class InProcessBackend:
                 "parameters": self.llm.parameter_count, "dtype": cfg.dtype, "device": cfg.device,
                 "threads": torch.get_num_threads(), "max_batch": cfg.max_batch,
                 "defaults": {"gen_length": d.gen_length, "steps": d.steps, "block_length": d.block_length,
-                             "temperature": d.temperature, "remasking": d.remasking}}
+                             "temperature": d.temperature, "remasking": d.remasking,
+                             "frequency_penalty": d.frequency_penalty, "presence_penalty": d.presence_penalty}}
 
     async def prompt_ids(self, n: int) -> list[int]:
         chunk = self.llm.tokenizer.encode(FILLER * 8)

@@ -123,6 +123,9 @@ def test_bench_against_a_server(live, tmp_path, capsys, tiny_llm):
     assert c["model"] == tiny_llm.name and c["dtype"] == "float32" and c["concurrency"] == 3
     assert (c["prompt_tokens"], c["gen_length"], c["steps"], c["block_length"]) == (12, 16, 8, 8)
     assert c["decoder"]["threshold"] == 0.5 and c["decoder"]["remasking"] == "low_confidence"
+    # The penalties the run used: here the served model's defaults (no flag sets them).
+    assert c["decoder"]["frequency_penalty"] == tiny_llm.defaults.frequency_penalty
+    assert c["decoder"]["presence_penalty"] == tiny_llm.defaults.presence_penalty
     assert c["machine"]["cpu_count"] >= 1 and c["max_batch"] == tiny_llm.config.max_batch
     assert res["ok"] == 6 and res["output_tokens_per_s"] > 0 and res["tokens_per_forward"] >= 1
     assert 0 < res["time_to_first_snapshot_s"]["p50"] <= res["latency_s"]["p50"] <= res["latency_s"]["p95"]
@@ -132,10 +135,12 @@ def test_bench_in_process(tiny_model_dir, tmp_path, capsys):
     report = tmp_path / "bench.json"
     args = ["bench", "--in-process", "--model", str(tiny_model_dir), "--concurrency", "2",
             "--requests", "4", "--prompt-len", "8", "--gen-length", "16", "--steps", "8", "--block-length", "8",
-            "--report", str(report), "--quiet"]
+            "--frequency-penalty", "0.3", "--report", str(report), "--quiet"]
     assert celeris(args) == 0
     r = json.loads(report.read_text())
     assert r["conditions"]["server"] == "in-process" and r["conditions"]["threads"] >= 1
+    assert r["conditions"]["decoder"]["frequency_penalty"] == 0.3  # the flag, not the model's default
+    assert r["conditions"]["decoder"]["presence_penalty"] == 0.0
     assert r["conditions"]["max_batch"] == 2 and r["results"]["ok"] == 4
 
 
