@@ -76,8 +76,8 @@ def test_a_penalty_breaks_the_greedy_loop_and_its_neighbour_is_untouched(shipped
         shipped.loop.add(s)
     shipped.loop.run_to_completion()
     plain, penalised = (shipped.detokenize(s.generated()) for s in seqs)
-    assert plain == plain_alone.text and distinct_ngrams(plain.split()) < 0.5  # "of the subjects of the ..."
-    assert distinct_ngrams(penalised.split()) == 1.0
+    assert plain == plain_alone.text and distinct_ngrams(plain.split()) < 0.5  # "rest of the rest of the ..."
+    assert distinct_ngrams(penalised.split()) >= 0.9  # the loop is broken (one 4-gram may recur)
 
 
 def test_block_model_rows_follow_the_penalty(shipped):
