@@ -25,7 +25,7 @@ from engine.params import MAX_SEED, SamplingParams
 from engine.block_runner import BlockRunner
 from engine.block_sequence import BlockSequence
 from engine.runner import Runner
-from engine.scheduler import StepLoop
+from engine.step_loop import StepLoop
 from engine.sequence import FinishReason, Sequence, StepEvent
 from engine.tokenizer import Tokenizer
 from engine.weights import load_model

@@ -20,7 +20,7 @@ import time
 from typing import Sequence as Seq
 
 from engine.runner import RowResult, StepStats
-from engine.scheduler import StepLoop
+from engine.step_loop import StepLoop
 from engine.sequence import Sequence
 
 

@@ -31,7 +31,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from engine.errors import clip
-from engine.scheduler import Scheduler, StepRecord
+from engine.scheduler import Scheduler
+from engine.step_loop import StepRecord
 from engine.sequence import StepEvent
 
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)

@@ -1,0 +1,136 @@
+"""The step loop: the synchronous core shared by the offline engine and the server.
+
+Requests wait in a bounded queue, join the running batch when a slot frees, and leave it
+between steps. Each step runs one forward for one group of like-length running requests
+(engine/batching.py), so a short request never pays for a long one's padding: `step()` is
+schedule (`next_batch`), execute (`runner.step`), update (`Sequence.apply`, retire).
+`scheduler.Scheduler` serves one `StepLoop` to asyncio.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from engine.batching import Picker, partition
+from engine.errors import Overloaded
+from engine.runner import Runner, StepStats
+from engine.sequence import Sequence, StepEvent
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One executed step, for telemetry: who was in it and how it went."""
+
+    request_ids: tuple[str, ...]
+    tickets: tuple[int, ...]  # Sequence.ticket of each, same order (ids may be reused)
+    stats: StepStats
+    started: float  # time.time() at start
+    ended: float
+
+
+class StepLoop:
+    def __init__(self, runner: Runner, max_queue: int, overhead: Optional[float] = None, max_skips: int = 16):
+        self.runner = runner
+        self.max_queue = max_queue
+        # What one more forward costs, in tokens of padding it would save: the grouping's price.
+        self.overhead = overhead if overhead is not None else getattr(runner, "forward_overhead_tokens", 256)
+        self._row_tokens: Callable[[Sequence], int] = getattr(runner, "row_tokens", lambda s: s.length)
+        # Which of the runner's forwards a row takes this step (rows of different kinds never
+        # share a forward, so never pad each other): None where the runner has one kind.
+        self._forward_kind: Callable[[Sequence], object] = getattr(runner, "forward_kind", lambda s: None)
+        self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
+        self.free_slots = list(range(runner.slots))
+        self.running: list[Sequence] = []
+        self.waiting: collections.deque[Sequence] = collections.deque()
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def add(self, seq: Sequence, bounded: bool = True) -> None:
+        """Queue a request; with `bounded`, a full queue raises Overloaded at once."""
+        # Free slots absorb waiting requests at the next step, so they count as capacity too.
+        if bounded and len(self.waiting) >= self.max_queue + len(self.free_slots):
+            raise Overloaded(f"queue full ({self.max_queue} waiting, {len(self.running)} running)")
+        self.waiting.append(seq)
+
+    def cancel(self, target: Union[Sequence, str]) -> Optional[StepEvent]:
+        """Cancel a waiting or running sequence (the object, or the first with that request id)."""
+        match = (lambda s: s is target) if isinstance(target, Sequence) else (lambda s: s.request_id == target)
+        for seq in list(self.waiting):
+            if match(seq):
+                self.waiting.remove(seq)
+                return seq.cancel()
+        for seq in self.running:
+            if match(seq):
+                self._release(seq)
+                return seq.cancel()
+        return None
+
+    def fail_running(self) -> list[Sequence]:
+        """After a step raised: end every running request (their canvases are suspect)."""
+        failed = list(self.running)
+        for seq in failed:
+            self._release(seq)
+            seq.cancel()
+        return failed
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop(0)
+            self.runner.load(seq)
+            self.running.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.free_slots.append(seq.slot)
+        self.free_slots.sort()
+
+    def _remaining(self, seq: Sequence) -> float:
+        """Work left: steps left (the planned worst case for adaptive rules) x tokens per step."""
+        return max(1, seq.total_steps - seq.nfe) * self._row_tokens(seq)
+
+    def next_batch(self) -> list[Sequence]:
+        """The running requests that step now: of each kind of forward the runner will run (a KV
+        cache's refresh or cached step, a block model's prefill or denoise), one group of
+        like-length rows (engine/batching.py). Kinds run as separate forwards of the same step
+        whatever the grouping, so holding one kind back for another would only cost a step."""
+        kinds: dict[object, list[Sequence]] = {}
+        for seq in self.running:
+            kinds.setdefault(self._forward_kind(seq), []).append(seq)
+        batch: list[Sequence] = []
+        for rows in kinds.values():
+            groups = partition(rows, self._row_tokens, self.overhead)
+            batch += (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
+        return batch
+
+    def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
+        """Admit, run one batched forward + selection for the group that steps, apply results,
+        retire finished requests."""
+        self._admit()
+        if not self.running:
+            return [], None
+        batch = self.next_batch()
+        started = time.time()
+        results, stats = self.runner.step(batch)
+        stepped = set(map(id, batch))
+        for seq in self.running:
+            seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
+        events = [seq.apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
+                  for seq, r in zip(batch, results)]
+        for seq in batch:
+            if seq.finished:
+                self._release(seq)
+        return events, StepRecord(tuple(s.request_id for s in batch), tuple(s.ticket for s in batch), stats,
+                                  started, time.time())
+
+    def run_to_completion(self, on_event: Optional[Callable[[StepEvent], None]] = None) -> None:
+        while not self.idle:
+            events, _ = self.step()
+            if on_event:
+                for ev in events:
+                    on_event(ev)
