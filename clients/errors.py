@@ -119,5 +119,3 @@ class RetryPolicy:
         cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
         return rng.uniform(0, cap)  # "full jitter"
 
-
-NO_RETRY = RetryPolicy(max_attempts=1)

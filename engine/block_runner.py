@@ -12,13 +12,14 @@ batches all running requests whatever block each is at, in at most two forwards:
 
 Fresh positions replace nothing: their keys/values are scattered at their columns of a copy
 of each row's cached prefix, padded positions of shorter rows land in scratch columns no real
-query sees. Same interface as `runner.Runner`: `load(seq)`, `step(seqs)`.
+query sees. Selection is the full-canvas runner's (`sampler.select_tokens` over a
+`SamplingBatch`) under the family's rule; the contract is `runner_api.StepRunner`.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Sequence as Seq
+from typing import Optional, Sequence as Seq
 
 import torch
 
@@ -26,14 +27,17 @@ from engine.attention import RowSpan
 from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
 from engine.cache import BlockKVStore
 from engine.config import EngineConfig
+from engine.family import Family, family_of
 from engine.model import KVCache, MaskPredictor
-from engine.runner import RowResult, StepStats, penalty_rates, row_logprobs, row_provisional, stop_ban
-from engine.sampler import FACTOR_RULE_CODE, REMASK_CODE, penalize, select_tokens, token_logprobs, topk_commit
+from engine.runner_api import EMPTY, RowResult, StepStats, row_results
+from engine.sampler import published_order, select_tokens
+from engine.sampling_batch import RowKnobs, SamplingBatch, Window
 
 
 class BlockRunner:
-    def __init__(self, model: MaskPredictor, config: EngineConfig):
+    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
         self.model, self.config = model, config
+        self.family = family or family_of(model.cfg)
         self.device = next(model.parameters()).device
         self.mask_id = model.cfg.mask_token_id
         self.slots = config.max_batch
@@ -42,7 +46,6 @@ class BlockRunner:
         self.tokens = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
         self.kv = BlockKVStore(model.cfg, self.slots + 1, self.max_len, self.device, model.dtype)
         self.use_graphs = False  # the MoE expert loop and per-row spans are data-dependent: eager
-        self.forward_passes = 0
 
     @property
     def forward_overhead_tokens(self) -> int:
@@ -68,7 +71,7 @@ class BlockRunner:
     @torch.no_grad()
     def step(self, seqs: Seq[BlockSequence]) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
-        results = [RowResult([], [], [])] * len(seqs)
+        results = [EMPTY] * len(seqs)
         committed, forwards, widest = 0, 0, (0, 0, 0)
         for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
                       [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
@@ -81,7 +84,6 @@ class BlockRunner:
             forwards += 1
             B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
             widest = max(widest, (B * Wq, B, Wq))
-        self.forward_passes += 1
         return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
                                   False, forwards)
 
@@ -107,7 +109,7 @@ class BlockRunner:
                                  spans=spans, return_kv=True, head=not prefill)
         self._store([r for r, s in enumerate(rows) if s.phase in (PREFILL, STORE)], rows, windows, kvs)
         if prefill:
-            return [RowResult([], [], [])] * B
+            return [EMPTY] * B
         return self._select(rows, logits, ids, real, slots, start)
 
     def _allowed(self, s: BlockSequence, n_keys: int, width: int) -> torch.Tensor:
@@ -130,63 +132,24 @@ class BlockRunner:
         t = lambda x: torch.tensor(x, device=self.device)  # noqa: E731
         self.kv.write_columns(t(slot_idx), t(col_idx), t(row_idx), t(w_idx), kvs)
 
-    def _ban(self, rows: list[BlockSequence], start: torch.Tensor, Wq: int):
-        if not any(s.params.min_tokens > 0 for s in rows):
-            return None
-        prompt = torch.tensor([len(s.prompt) for s in rows], device=self.device)
-        canvas_pos = start[:, None] + torch.arange(Wq, device=self.device)[None, :] - prompt[:, None]
-        return (*stop_ban(rows, len(rows), self.model.cfg.vocab_size, self.device), canvas_pos)
-
-    def _filters(self, p) -> dict:
-        if not any(q.top_k > 0 or q.top_p < 1 for q in p):
-            return {}
-        return {"top_k": torch.tensor([q.top_k for q in p], device=self.device),
-                "top_p": torch.tensor([q.top_p for q in p], dtype=torch.float64, device=self.device)}
-
-    def _penalized(self, rows: list[BlockSequence], logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """`penalize` over each slot's committed response (logprobs keep the raw logits)."""
-        if not any(s.params.frequency_penalty or s.params.presence_penalty for s in rows):
-            return logits
-        exclude = stop_ban(rows, len(rows), self.model.cfg.vocab_size, self.device)[0]
-        prompt = torch.tensor([len(s.prompt) for s in rows], device=self.device)
-        return penalize(logits, self.tokens[slots], prompt, *penalty_rates(rows, len(rows), self.device), exclude,
-                        self.mask_id)
-
-    def _select(self, rows, logits, ids, real, slots, start) -> list[RowResult]:
+    def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
+                slots: torch.Tensor, start: torch.Tensor) -> list[RowResult]:
         """Commit tokens in the denoise rows' blocks, as the published loops choose them."""
         B, Wq = ids.shape
         dev = self.device
         denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
         candidate = real & (ids == self.mask_id) & denoise[:, None]
-        p = [s.params for s in rows]
-        ints = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
-        floats = lambda xs: torch.tensor(xs, dtype=torch.float64, device=dev)  # noqa: E731
-        thresholds = [q.threshold or 0.0 for q in p]
-        x0, commit, conf, n_commit = select_tokens(
-            self._penalized(rows, logits, slots), ids, candidate, k=ints([s.tokens_this_step for s in rows]),
-            temperature=floats([q.temperature for q in p]), remask=ints([REMASK_CODE[q.remasking] for q in p]),
-            threshold=floats(thresholds), factor=floats([q.factor or 0.0 for q in p]),
-            seed=ints([q.seed or 0 for q in p]), step=ints([s.nfe for s in rows]),
-            pos=start[:, None] + torch.arange(Wq, device=dev)[None, :],
-            sampling=any(q.temperature > 0 for q in p), any_random=any(q.remasking == "random" for q in p),
-            factor_rule=ints([FACTOR_RULE_CODE[q.factor_rule] for q in p]), conf_dtype=torch.float32,
-            x0_from_probs=True, block_threshold=True, mask_id=self.mask_id,
-            ban=self._ban(rows, start, Wq), **self._filters(p))
+        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids) for s in rows], B,
+                                    self.model.cfg.vocab_size, dev)
+        pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
+        prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
+        canvas = self.tokens[slots] if batch.frequency is not None else None
+        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt)
+        sel = select_tokens(logits, batch, window, self.family.rule)
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
-            commit = topk_commit(conf, candidate, n_commit.tolist(), [0.0] * B,
-                                 [(s.params.block_length, 0) for s in rows], commit)
-        new = torch.where(commit, x0, ids)
+            sel = published_order(sel, candidate, batch, self.family.rule, [(s.params.block_length, 0) for s in rows])
+        new = torch.where(sel.commit, sel.x0, ids)
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
-        commit_h, new_h, conf_h = commit.cpu(), new.cpu(), conf.float().cpu()
-        top = max((q.logprobs for q in p if q.logprobs is not None), default=-1)
-        extra = None if top < 0 else tuple(None if t is None else t.cpu() for t in token_logprobs(logits, new, top))
-        guess = torch.where(candidate & ~commit, x0, -1).cpu() if any(q.provisional for q in p) else None
-        out = []
-        for r in range(B):
-            pos = commit_h[r].nonzero().flatten()
-            lps = row_logprobs(extra, r, pos) if p[r].logprobs is not None else ()
-            prov = row_provisional(guess, conf_h, r) if p[r].provisional else ()
-            out.append(RowResult(pos.tolist(), new_h[r, pos].tolist(), conf_h[r, pos].tolist(), lps, prov))
-        return out
+        return row_results(sel, new, candidate, batch, logits)

@@ -23,9 +23,6 @@ import torch
 from engine.config import ModelConfig
 from engine.model import KVCache
 
-MODES = ("none", "prefix", "dual")
-
-
 class KVCacheStore:
     def __init__(self, cfg: ModelConfig, rows: int, max_len: int, device: torch.device, dtype: torch.dtype):
         shape = (rows, cfg.n_kv_heads, max_len, cfg.head_dim)

@@ -9,7 +9,7 @@ load through the same model code.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -289,7 +289,6 @@ class EngineConfig:
     # lengths step in separate forwards when that is cheaper (engine/batching.py). None: 256 on
     # CPU, 4096 on CUDA (a GPU forward costs about the same for a few rows as for a full bucket).
     forward_overhead_tokens: Optional[int] = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def overhead_tokens(self) -> int:

@@ -7,8 +7,8 @@ servicer and the HTTP gateway reject the same inputs with the same messages.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
 
 from engine.errors import FieldViolation, InvalidRequest, clip
 
@@ -36,38 +36,53 @@ MAX_LOGPROBS = 20
 MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty / presence_penalty: [-2, 2]
 
 
+def knob(default: Any, help: str, *, http: Optional[str] = "", cli: Optional[str] = "", proto: Optional[str] = "",
+         per_request: bool = False) -> Any:
+    """A `SamplingParams` field with its entry in the knob table (engine/knobs.py): its help, and
+    its name on each surface ("" = the field's own name, None = not on that surface). A
+    per-request knob is never a model default (generation_config.json)."""
+    return field(default=default, metadata={"help": help, "http": http, "cli": cli, "proto": proto,
+                                            "per_request": per_request})
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    gen_length: int = 64
-    steps: int = 64  # total forward passes budget of the fixed schedule, split evenly over blocks
-    block_length: int = 32
-    temperature: float = 0.0
-    remasking: str = "low_confidence"
-    threshold: Optional[float] = None  # confidence-threshold parallel decoding when set
-    factor: Optional[float] = None  # Fast-dLLM factor rule when set
-    factor_rule: str = "fast_dllm"  # see FACTOR_RULES
-    schedule: str = "llada"  # see SCHEDULES
-    eps: float = 1e-3  # Dream's final timestep (schedule="dream")
-    kv_cache: Optional[str] = None  # see KV_CACHE_MODES; None: the engine's default
-    top_k: int = 0  # draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all
-    top_p: float = 1.0  # nucleus: draw among the most likely tokens up to this mass; 1: all
-    stop: tuple[str, ...] = ()  # strings that end the output: its text is cut where the first begins
-    stop_token_ids: tuple[int, ...] = ()  # extra ids that end the output like EOS
-    ignore_eos: bool = False  # EOS / end-of-turn do not stop (stop_token_ids still do)
-    min_tokens: int = 0  # no stop token is drawn in the first min_tokens positions
-    # OpenAI's penalties, subtracted from the logits at every masked position: frequency_penalty
-    # times how often each token already stands in the response, presence_penalty once if it does
-    # at all. Counted over committed response tokens, never the prompt or the stop tokens (the EOS
-    # padding a diffusion canvas ends with). See `sampler.penalize`.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logprobs: Optional[int] = None  # report each committed token's log-probability (+ this many alternatives)
-    # Report, every step, the token the sampler ranks first at each candidate position it left
-    # masked in the current block, with its confidence (StepEvent.provisional).
-    provisional: bool = False
-    cfg_scale: float = 0.0
-    seed: Optional[int] = None  # None: the engine picks one and reports it
-    stop_at_eos: bool = True
+    """Every knob of the reverse process; the knob table (engine/knobs.py) is derived from these
+    fields, and the surfaces (HTTP, CLI, gRPC, client, page) from the table."""
+
+    gen_length: int = knob(64, "tokens to generate (the canvas)", http="max_tokens")
+    steps: int = knob(64, "denoising steps over the whole canvas, split evenly over blocks")
+    block_length: int = knob(32, "semi-autoregressive block length; must divide gen_length")
+    temperature: float = knob(0.0, "0 = greedy")
+    remasking: str = knob("low_confidence", "how a position's confidence is measured")
+    threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]")
+    factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)")
+    factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula")
+    schedule: str = knob("llada", "tokens per step of the fixed schedule: llada (even split per block) or dream "
+                                  "(Dream's timesteps linspace(1, eps, steps + 1))")
+    eps: float = knob(1e-3, "Dream schedule's final timestep, in (0, 1)")
+    kv_cache: Optional[str] = knob(None, "Fast-dLLM approximate cache of full-canvas models (unset: the server's "
+                                         "default)", cli=None)
+    top_k: int = knob(0, "draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all")
+    top_p: float = knob(1.0, "nucleus: draw among the most likely tokens up to this mass, in (0, 1]")
+    stop: tuple[str, ...] = knob((), "strings that end the output: its text is cut where the first begins")
+    stop_token_ids: tuple[int, ...] = knob((), "extra token ids that end the output like EOS")
+    ignore_eos: bool = knob(False, "EOS and end-of-turn do not stop (stop_token_ids still do)")
+    min_tokens: int = knob(0, "no stop token is drawn in the first min_tokens positions")
+    # OpenAI's penalties, subtracted from the logits at every masked position, counted over committed
+    # response tokens, never the prompt or the stop tokens (the EOS padding a diffusion canvas ends
+    # with). See `sampler.penalize`.
+    frequency_penalty: float = knob(0.0, "OpenAI's: lower a token's logit by this per use in the response so far, "
+                                         "in [-2, 2]")
+    presence_penalty: float = knob(0.0, "OpenAI's: lower a token's logit by this once it is in the response, "
+                                        "in [-2, 2]")
+    logprobs: Optional[int] = knob(None, "report each committed token's log-probability and this many "
+                                         "alternatives", http=None)
+    provisional: bool = knob(False, "delta streams: each step, the sampler's pick at each position of the current "
+                                    "block it left masked", cli=None, proto=None, per_request=True)
+    cfg_scale: float = knob(0.0, "classifier-free guidance scale (0: off)")
+    seed: Optional[int] = knob(None, "random seed (unset: the engine picks one and reports it)", per_request=True)
+    stop_at_eos: bool = knob(True, "finish once a finished block holds a stop token", http=None, cli=None, proto=None)
 
     @property
     def num_blocks(self) -> int:
@@ -87,80 +102,85 @@ class SamplingParams:
 
     def validate(self, max_gen_length: int = 4096) -> SamplingParams:
         """Raise InvalidRequest naming every bad field and its limit; return self when valid."""
-        v: list[FieldViolation] = []
-
-        def bad(name: str, msg: str) -> None:
-            v.append(FieldViolation(name, msg))
-
-        for name in ("gen_length", "steps", "block_length"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int):
-                bad(name, f"must be an integer, got {val!r}")
+        v = self._length_violations(max_gen_length)
+        if all(_integer(getattr(self, name)) for name in ("gen_length", "steps", "block_length")):
+            v += self._decoding_violations() + self._output_violations()
         if v:
             raise InvalidRequest(v)
-        if not 1 <= self.gen_length <= max_gen_length:
-            bad("gen_length", f"must be in [1, {max_gen_length}], got {self.gen_length}")
-        if not 1 <= self.block_length <= max(self.gen_length, 1):
-            bad("block_length", f"must be in [1, gen_length={self.gen_length}], got {self.block_length}")
-        elif self.gen_length % self.block_length:
-            bad("block_length", f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
-        if not 1 <= self.steps <= max(self.gen_length, 1):
-            bad("steps", f"must be in [1, gen_length={self.gen_length}], got {self.steps}")
-        elif self.gen_length >= 1 and self.block_length >= 1 and self.gen_length % self.block_length == 0:
-            blocks = self.gen_length // self.block_length
-            if self.steps % blocks:
-                bad("steps", f"must be a multiple of the number of blocks ({blocks}), got {self.steps}")
+        return self
+
+    def _length_violations(self, max_gen_length: int) -> list[FieldViolation]:
+        v = [FieldViolation(name, f"must be an integer, got {clip(getattr(self, name))}")
+             for name in ("gen_length", "steps", "block_length") if not _integer(getattr(self, name))]
+        if v:
+            return v
+        G, b = self.gen_length, self.block_length
+        if not 1 <= G <= max_gen_length:
+            v.append(FieldViolation("gen_length", f"must be in [1, {max_gen_length}], got {G}"))
+        if not 1 <= b <= max(G, 1):
+            v.append(FieldViolation("block_length", f"must be in [1, gen_length={G}], got {b}"))
+        elif G % b:
+            v.append(FieldViolation("block_length", f"gen_length={G} must be a multiple of block_length={b}"))
+        if not 1 <= self.steps <= max(G, 1):
+            v.append(FieldViolation("steps", f"must be in [1, gen_length={G}], got {self.steps}"))
+        elif G >= 1 and b >= 1 and G % b == 0 and self.steps % (G // b):
+            v.append(FieldViolation("steps", f"must be a multiple of the number of blocks ({G // b}), got {self.steps}"))
+        return v
+
+    def _decoding_violations(self) -> list[FieldViolation]:
+        v: list[FieldViolation] = []
+        bad = lambda name, msg: v.append(FieldViolation(name, msg))  # noqa: E731
         if not _finite(self.temperature) or self.temperature < 0:
-            bad("temperature", f"must be a finite number >= 0, got {self.temperature}")
-        if self.remasking not in REMASKING:
-            bad("remasking", f"must be one of {', '.join(REMASKING)}, got {self.remasking!r}")
+            bad("temperature", f"must be a finite number >= 0, got {clip(self.temperature)}")
+        for name, choices in (("remasking", REMASKING), ("factor_rule", FACTOR_RULES), ("schedule", SCHEDULES)):
+            if getattr(self, name) not in choices:
+                bad(name, f"must be one of {', '.join(choices)}, got {clip(getattr(self, name))}")
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
+            bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {clip(self.kv_cache)}")
         if self.threshold is not None and (not _finite(self.threshold) or not 0 < self.threshold <= 1):
-            bad("threshold", f"must be in (0, 1], got {self.threshold}")
+            bad("threshold", f"must be in (0, 1], got {clip(self.threshold)}")
         if self.factor is not None and (not _finite(self.factor) or self.factor <= 0):
-            bad("factor", f"must be a finite number > 0, got {self.factor}")
+            bad("factor", f"must be a finite number > 0, got {clip(self.factor)}")
         if self.threshold is not None and self.factor is not None:
             bad("factor", "set either threshold or factor, not both")
-        if self.factor_rule not in FACTOR_RULES:
-            bad("factor_rule", f"must be one of {', '.join(FACTOR_RULES)}, got {self.factor_rule!r}")
-        if self.schedule not in SCHEDULES:
-            bad("schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not _finite(self.eps) or not 0 < self.eps < 1:
-            bad("eps", f"must be in (0, 1), got {self.eps}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {self.top_k!r}")
+            bad("eps", f"must be in (0, 1), got {clip(self.eps)}")
+        if not _integer(self.top_k) or self.top_k < 0:
+            bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {clip(self.top_k)}")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", f"must be in (0, 1], got {self.top_p}")
+            bad("top_p", f"must be in (0, 1], got {clip(self.top_p)}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            val = getattr(self, name)
+            if not _finite(val) or not -MAX_PENALTY <= val <= MAX_PENALTY:
+                bad(name, f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {clip(val)}")
+        if not _finite(self.cfg_scale) or self.cfg_scale < 0:
+            bad("cfg_scale", f"must be a finite number >= 0, got {clip(self.cfg_scale)}")
+        if self.seed is not None and (not _integer(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            bad("seed", f"must be an integer in [0, 2^63-1], got {clip(self.seed)}")
+        return v
+
+    def _output_violations(self) -> list[FieldViolation]:
+        v: list[FieldViolation] = []
+        bad = lambda name, msg: v.append(FieldViolation(name, msg))  # noqa: E731
         if not isinstance(self.stop, tuple) or len(self.stop) > MAX_STOPS or any(
                 not isinstance(x, str) or not 1 <= len(x) <= MAX_STOP_CHARS for x in self.stop):
             bad("stop", f"must be at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
         ids = self.stop_token_ids
-        if not isinstance(ids, tuple) or len(ids) > MAX_STOP_IDS or any(
-                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        if not isinstance(ids, tuple) or len(ids) > MAX_STOP_IDS or any(not _integer(i) or i < 0 for i in ids):
             bad("stop_token_ids", f"must be at most {MAX_STOP_IDS} token ids >= 0")
-        if not isinstance(self.ignore_eos, bool):
-            bad("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or \
-                not 0 <= self.min_tokens <= max(self.gen_length, 0):
-            bad("min_tokens", f"must be an integer in [0, gen_length={self.gen_length}], got {self.min_tokens!r}")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not _finite(val) or not -MAX_PENALTY <= val <= MAX_PENALTY:
-                bad(name, f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {clip(val)}")
-        if not isinstance(self.provisional, bool):
-            bad("provisional", f"must be a boolean, got {self.provisional!r}")
-        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
-            bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
-        if not _finite(self.cfg_scale) or self.cfg_scale < 0:
-            bad("cfg_scale", f"must be a finite number >= 0, got {self.cfg_scale}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed <= MAX_SEED):
-            bad("seed", f"must be an integer in [0, 2^63-1], got {self.seed!r}")
-        if v:
-            raise InvalidRequest(v)
-        return self
+        if not _integer(self.min_tokens) or not 0 <= self.min_tokens <= max(self.gen_length, 0):
+            bad("min_tokens", f"must be an integer in [0, gen_length={self.gen_length}], got {clip(self.min_tokens)}")
+        if self.logprobs is not None and (not _integer(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token), "
+                            f"got {clip(self.logprobs)}")
+        for name in ("ignore_eos", "provisional", "stop_at_eos"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be a boolean, got {clip(getattr(self, name))}")
+        return v
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _finite(x: object) -> bool:

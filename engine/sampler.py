@@ -1,12 +1,10 @@
 """Pure decoding functions of the masked-diffusion reverse process.
 
-Two paths over the same model:
-- `reference_generate`: LLaDA's `generate()` written out in one screen. Readable and exact; the
-  tests hold it to an independent implementation of the published algorithm.
-- `select_tokens`: one vectorised selection step over a batch of requests with per-row settings,
-  fixed shapes, no Python loop over rows and no host synchronisation, so it can be captured in a
-  CUDA graph. The runner calls it; it commits the same tokens as the reference where
-  confidences are not tied.
+`select_tokens` is one vectorised selection step over a batch of requests with per-row settings
+(engine/sampling_batch.py): fixed shapes, no Python loop over rows and no host synchronisation,
+so it runs straight after a CUDA graph's replay. Both runners call it; it commits the same
+tokens as the readable reference loop (engine/reference.py) where confidences are not tied, and
+`published_order` restores the published loops' own order among ties on the CPU.
 
 Confidences are computed in float64 over the window, as LLaDA's first published generate() and
 Fast-dLLM do: a trained model puts many positions at probability 1.0 in float32 (EOS tails),
@@ -21,17 +19,15 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Callable, Optional, Sequence
-from typing import Sequence as Seq
+from dataclasses import replace
+from typing import Optional, Sequence as Seq
 
 import torch
 import torch.nn.functional as F
 
-from engine.params import FACTOR_RULES, REMASKING, SamplingParams
+from engine.sampling_batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 
 NEG_INF = float("-inf")
-REMASK_CODE = {name: i for i, name in enumerate(REMASKING)}
-FACTOR_RULE_CODE = {name: i for i, name in enumerate(FACTOR_RULES)}
 _M32 = 0xFFFFFFFF
 
 
@@ -135,76 +131,68 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
 
 # ---------------------------------------------------------------- batched selection
 
-def select_tokens(logits: torch.Tensor, tokens: torch.Tensor, candidate: torch.Tensor, k: torch.Tensor,
-                  temperature: torch.Tensor, remask: torch.Tensor, threshold: torch.Tensor, factor: torch.Tensor,
-                  seed: torch.Tensor, step: torch.Tensor, pos: torch.Tensor, sampling: bool, any_random: bool,
-                  factor_rule: Optional[torch.Tensor] = None, conf_dtype: torch.dtype = torch.float64,
-                  x0_from_probs: bool = False, block_threshold: bool = False, mask_id: Optional[int] = None,
-                  top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
-                  ban: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule: SelectionRule) -> Selection:
     """One denoising selection over a window of each row (usually its current block).
 
-    logits (B, W, V); tokens (B, W) current ids; candidate (B, W) True where masked and inside
-    the row's current block; k (B,) tokens to commit under the fixed schedule; threshold / factor
-    (B,, float64) > 0 switch a row to the adaptive rules, factor_rule (B,) picks the factor rule's
-    variant (FACTOR_RULE_CODE; default Fast-dLLM's); seed, step (B,) and pos (B, W) key the noise.
-    `sampling` / `any_random` are host-known flags (any temperature > 0, any random remasking)
-    that skip work, never change results. conf_dtype / x0_from_probs follow the model family's
-    published sampler (Dream takes x0 as the first maximum of its softmax, in the logits dtype).
-    block_threshold switches the threshold to SDAR's / LLaDA2's dynamic rule: every candidate
-    strictly above it if that is at least the schedule's k, else the top k. mask_id is never a
-    candidate token (a random or undertrained model may rank it first; published loops would
-    commit it and keep the position masked, or loop forever under a threshold). top_k / top_p
-    (B,) restrict each row's drawn token (`filter_logits`); None when no row asks (skips work).
-    ban = (ids (B, S) padded with V, before (B,), canvas positions (B, W)): a row's ids are never
-    drawn at canvas positions < before (min_tokens: no stop token early).
-    Returns the candidate tokens x0 (B, W), committed mask (B, W), the confidences (B, W) and
-    how many tokens each row commits (B,).
+    logits (B, W, V) of the window's positions. Penalties (`penalize`) shift the logits that pick
+    the token and rank it; top-k / top-p (`filter_logits`) narrow only which token is drawn, its
+    confidence is read from the whole distribution (as SDAR's evaluation sampler does), so
+    top_k=1 does not make every confidence 1.0. `min_tokens` bans a row's stop ids at positions
+    before it. The mask id is never a candidate token (a random or undertrained model may rank it
+    first; published loops would commit it and keep the position masked, or loop forever under a
+    threshold). Fixed shapes, no host synchronisation: this can run after a CUDA graph replay.
     """
     B, W, V = logits.shape
-    # top-k / top-p narrow which token is drawn; its confidence is read from the whole
-    # distribution (as SDAR's evaluation sampler does), so top_k=1 does not make every one 1.0.
-    pick = logits if top_k is None or top_p is None else filter_logits(logits, top_k, top_p)
-    if sampling:
-        scores = gumbel_scores(pick, temperature, uniform_noise(seed, step, pos, V, stream=0))
-    elif x0_from_probs:
+    if batch.frequency is not None:
+        logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
+                          batch.stop_ids, rule.mask_id)
+    pick = logits if batch.top_k is None else filter_logits(logits, batch.top_k, batch.top_p)
+    if batch.sampling:
+        scores = gumbel_scores(pick, batch.temperature, uniform_noise(batch.seed, batch.step, window.noise_pos, V, 0))
+    elif rule.x0_from_probs:
         scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
     else:
-        scores = pick
-    if mask_id is not None:  # committing the mask token would leave the position masked forever
-        scores = scores.clone()  # (no host tensor here: this runs inside CUDA-graph capture)
-        scores[..., mask_id] = NEG_INF
-    if ban is not None:
-        ids, before, canvas_pos = ban
-        vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=ids.device).scatter_(1, ids, True)[:, :V]  # (B, V)
-        early = canvas_pos < before[:, None]  # (B, W)
+        scores = pick.clone()  # (no host tensor here: this may run on a graph's output)
+    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
+    if batch.min_tokens is not None:
+        vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, batch.stop_ids, True)[:, :V]
+        early = window.canvas_pos < batch.min_tokens[:, None]  # (B, W)
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     x0 = scores.argmax(-1)  # (B, W)
-    u_random = uniform_noise(seed, step, pos, None, stream=1) if any_random else None
-    conf = confidences(logits, x0, remask, u_random, conf_dtype)
+    u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
+    conf = confidences(logits, x0, batch.remask, u_random, rule.conf_dtype or logits.dtype)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
-    # above non-candidates, and every rule below commits at least one candidate per step, so a
-    # request always ends.
+    # above non-candidates, and every rule commits at least one candidate per step, so a request
+    # always ends.
     conf = torch.where(conf.isnan(), torch.full_like(conf, torch.finfo(conf.dtype).min), conf)
-    conf = torch.where(candidate, conf, torch.full_like(conf, NEG_INF))
+    conf = torch.where(window.candidate, conf, torch.full_like(conf, NEG_INF))
+    commit, n_commit = _commit(conf, window.candidate, batch, rule.block_threshold)
+    return Selection(x0, commit, conf, n_commit)
 
+
+def _commit(conf: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch, block_threshold: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which candidates each row commits under its rule -> (commit (B, W), count (B,)); conf
+    (B, W) is -inf outside the candidates.
+
+    Fixed schedule: the top k. Threshold (Fast-dLLM): the top-1 plus every candidate at or
+    above it, compared in the confidences' dtype as the published code compares its tensor with
+    a Python float; the block families' rule instead (see SelectionRule). Factor: `_factor_count`.
+    """
+    B, W = conf.shape
     # Rank candidates by confidence; a stable sort breaks ties towards lower positions.
     sorted_conf, order = torch.sort(conf, dim=-1, descending=True, stable=True)
     ranks = torch.empty_like(order).scatter_(1, order, torch.arange(W, device=order.device).expand(B, W))
     n_cand = candidate.sum(-1)  # (B,)
-    # Threshold (Fast-dLLM): the top-1 plus every candidate at or above the threshold, compared
-    # in the confidences' dtype as the published code compares its tensor with a Python float.
-    thr = threshold.to(conf.dtype)[:, None]
+    thr = batch.threshold.to(conf.dtype)[:, None]
     if block_threshold:
-        n_thr = torch.maximum((sorted_conf > thr).sum(-1), k).clamp_min(1)
+        n_thr = torch.maximum((sorted_conf > thr).sum(-1), batch.k).clamp_min(1)
     else:
         n_thr = (sorted_conf >= thr).sum(-1).clamp_min(1)
-    n_commit = torch.where(threshold > 0, n_thr, torch.where(factor > 0, _factor_count(sorted_conf, factor,
-                                                                                        n_cand, factor_rule), k))
+    n_factor = _factor_count(sorted_conf, batch.factor, n_cand, batch.factor_rule)
+    n_commit = torch.where(batch.threshold > 0, n_thr, torch.where(batch.factor > 0, n_factor, batch.k))
     n_commit = torch.minimum(n_commit, n_cand)
-    commit = (ranks < n_commit[:, None]) & candidate
-    return x0, commit, conf, n_commit
+    return (ranks < n_commit[:, None]) & candidate, n_commit
 
 
 def penalize(logits: torch.Tensor, canvas: torch.Tensor, response_from: torch.Tensor, frequency: torch.Tensor,
@@ -276,6 +264,16 @@ def topk_commit(conf: torch.Tensor, candidate: torch.Tensor, n_commit: Seq[int],
     return commit
 
 
+def published_order(sel: Selection, candidate: torch.Tensor, batch: SamplingBatch, rule: SelectionRule,
+                    spans: Seq[tuple[int, int]]) -> Selection:
+    """`sel` with the commits the published loops make among tied confidences (`topk_commit`);
+    spans (B,) of (length of the array they rank, the window's offset in it)."""
+    B = candidate.shape[0]
+    thresholds = (0.0,) * B if rule.block_threshold else batch.thresholds + (0.0,) * (B - batch.rows)
+    commit = topk_commit(sel.conf, candidate, sel.n_commit.tolist(), thresholds, spans, sel.commit)
+    return replace(sel, commit=commit)
+
+
 def _factor_count(sorted_conf: torch.Tensor, factor: torch.Tensor, n_cand: torch.Tensor,
                   rule: Optional[torch.Tensor]) -> torch.Tensor:
     """How many of the descending confidences (B, W) the factor rule commits, per row.
@@ -296,109 +294,3 @@ def _factor_count(sorted_conf: torch.Tensor, factor: torch.Tensor, n_cand: torch
     if rule is None:
         return fast_dllm
     return torch.where(rule == FACTOR_RULE_CODE["paper"], paper, fast_dllm)
-
-
-# ---------------------------------------------------------------- reference reverse process
-
-Forward = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
-
-
-@torch.no_grad()
-def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingParams, mask_id: int,
-                       stop_ids: Sequence[int] = (), attention_mask: Optional[torch.Tensor] = None,
-                       on_step: Optional[Callable[[int, int, torch.Tensor, torch.Tensor], None]] = None,
-                       ) -> tuple[torch.Tensor, int]:
-    """LLaDA's semi-autoregressive reverse process. prompt (B, Lp) left-padded -> (canvas, nfe).
-
-    Fixed schedule by default; with params.threshold / params.factor each block runs until it
-    has no masks (Fast-dLLM). Stops early, filling the canvas with EOS, once a finished block of
-    every row holds a stop token (params.stop_at_eos). on_step(step, block, canvas, committed).
-    """
-    p = params
-    B, Lp = prompt.shape
-    x = torch.full((B, Lp + p.gen_length), mask_id, dtype=torch.long, device=prompt.device)
-    x[:, :Lp] = prompt
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask.bool(), attention_mask.new_ones(B, p.gen_length).bool()], 1)
-    prompt_index = x != mask_id
-    seed = torch.full((B,), p.seed or 0, dtype=torch.long, device=x.device)
-    pos = torch.arange(x.shape[1], device=x.device).expand(B, -1) - Lp  # noise keyed by generated position
-    nfe = 0
-    for block in range(p.num_blocks):
-        start, end = Lp + block * p.block_length, Lp + (block + 1) * p.block_length
-        n_masked = (x[:, start:end] == mask_id).sum(1).tolist()
-        schedule = [transfer_schedule(n, p.steps_per_block) for n in n_masked]
-        i = 0
-        while (x[:, start:end] == mask_id).any() and (p.adaptive or i < p.steps_per_block):
-            mask_index = x == mask_id
-            if p.cfg_scale > 0:
-                un_x = x.clone()
-                un_x[prompt_index] = mask_id
-                am = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
-                cond, un = model(torch.cat([x, un_x]), am).chunk(2)
-                logits = un + (p.cfg_scale + 1) * (cond - un)
-            else:
-                logits = model(x, attention_mask)
-            if p.frequency_penalty or p.presence_penalty:
-                logits = _reference_penalty(logits, x, Lp, p, stop_ids, mask_id)
-            step = torch.full((B,), nfe, dtype=torch.long, device=x.device)
-            if p.temperature > 0:
-                u = uniform_noise(seed, step, pos, logits.shape[-1], stream=0)
-                x0 = gumbel_scores(logits, torch.full((B,), p.temperature, device=x.device), u).argmax(-1)
-            else:
-                x0 = logits.argmax(-1)
-            u_rand = uniform_noise(seed, step, pos, None, stream=1) if p.remasking == "random" else None
-            code = torch.full((B,), REMASK_CODE[p.remasking], device=x.device)
-            x0_p = confidences(logits, x0, code, u_rand)
-            x0_p[:, end:] = NEG_INF
-            x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, torch.full_like(x0_p, NEG_INF))
-            transfer = torch.zeros_like(x0, dtype=torch.bool)
-            for j in range(B):
-                n_left = int(mask_index[j, start:end].sum())
-                if p.adaptive:  # commit the top-1 and whatever the rule admits
-                    k = _adaptive_count(confidence[j, start:end], p, n_left)
-                elif p.schedule == "dream":
-                    k = dream_transfer_count(n_left, i, p.steps_per_block, p.eps)
-                else:
-                    k = schedule[j][i]
-                _, idx = torch.topk(confidence[j], k=k)
-                transfer[j, idx] = True
-            x[transfer] = x0[transfer]
-            nfe += 1
-            i += 1
-            if on_step is not None:
-                on_step(nfe - 1, block, x, transfer)
-        if p.stop_at_eos and stop_ids and _all_rows_stopped(x[:, Lp:end], stop_ids):
-            eos = next(iter(stop_ids))
-            x[:, end:] = torch.where(x[:, end:] == mask_id, eos, x[:, end:])
-            break
-    return x, nfe
-
-
-def _reference_penalty(logits, x, Lp, p: SamplingParams, stop_ids: Sequence[int], mask_id: int) -> torch.Tensor:
-    """`penalize`, for one batch sharing one prompt width and one set of stop ids."""
-    B, V = x.shape[0], logits.shape[-1]
-    exclude = torch.tensor([sorted(stop_ids) or [V]] * B, device=x.device)
-    full = lambda v: torch.full((B,), float(v), device=x.device)  # noqa: E731
-    return penalize(logits, x, torch.full((B,), Lp, device=x.device), full(p.frequency_penalty),
-                    full(p.presence_penalty), exclude, mask_id)
-
-
-def _adaptive_count(conf: torch.Tensor, p: SamplingParams, n_left: int) -> int:
-    c = sorted(conf[conf > NEG_INF].tolist(), reverse=True)
-    if p.threshold is not None:
-        n = 1 + sum(1 for v in c[1:] if v >= p.threshold)
-    elif p.factor_rule == "paper":
-        n = max([i for i in range(1, len(c) + 1) if (i + 1) * (1 - c[i - 1]) < p.factor] or [1])
-    else:  # Fast-dLLM's code: the leading run clearing 1 - f/(n+1), all of them if only the last fails
-        n = 1
-        while n < len(c) and c[n] >= 1 - p.factor / (n + 2):
-            n += 1
-        n = len(c) if n == len(c) - 1 else n
-    return min(n, n_left)
-
-
-def _all_rows_stopped(generated: torch.Tensor, stop_ids: Sequence[int]) -> bool:
-    stops = torch.tensor(list(stop_ids), device=generated.device)
-    return bool(torch.isin(generated, stops).any(1).all())

@@ -2,8 +2,9 @@
 
 A `Sequence` knows where its request stands in the reverse process — block, step within the
 block, how many tokens the fixed schedule commits next — and applies what the runner committed.
-The scheduler owns sequences; the runner reads `StepInput` from them and the scheduler feeds
-the runner's per-row results back through `Sequence.apply`, which yields a `StepEvent`.
+The step loop owns sequences; a runner reads each row's geometry and parameters from them, and
+the loop feeds the runner's per-row results back through `Sequence.apply`, which yields a
+`StepEvent`.
 """
 
 from __future__ import annotations

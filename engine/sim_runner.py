@@ -19,14 +19,14 @@ from __future__ import annotations
 import time
 from typing import Sequence as Seq
 
-from engine.runner import RowResult, StepStats
+from engine.runner_api import RowResult, StepStats
 from engine.step_loop import StepLoop
 from engine.sequence import Sequence
 
 
 class SimulatedRunner:
-    """The parts of `engine.runner.Runner` that `StepLoop` uses: `slots`, `load`, `step` and the
-    grouping cost (`forward_overhead_tokens`; rows cost their length)."""
+    """A `runner_api.StepRunner` whose steps take a fixed time: rows cost their length, and
+    every row joins the same forward."""
 
     def __init__(self, slots: int, step_s: float, token_pool: Seq[int]):
         if step_s < 0:
@@ -34,12 +34,19 @@ class SimulatedRunner:
         if not token_pool:
             raise ValueError("token_pool must hold at least one ordinary token id")
         self.slots, self.step_s, self.pool = slots, step_s, list(token_pool)
-        self.forward_passes = 0
 
     # A simulated step costs the same whatever its rows, so splitting the batch into length
     # groups (engine.batching.partition) never pays: one forward per step, as on a GPU that
     # is not yet saturated.
     forward_overhead_tokens = 1 << 40
+
+    @staticmethod
+    def row_tokens(seq: Sequence) -> int:
+        return seq.length
+
+    @staticmethod
+    def forward_kind(seq: Sequence) -> None:
+        return None
 
     def load(self, seq: Sequence) -> None:
         """Nothing to copy: the canvas lives in the Sequence, which `apply` keeps current."""
@@ -64,7 +71,6 @@ class SimulatedRunner:
         left = self.step_s - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
-        self.forward_passes += 1
         longest = max((s.length for s in seqs), default=0)
         window = max((s.params.block_length for s in seqs), default=0)
         return results, StepStats(len(seqs), len(seqs), longest, window, sum(len(r.positions) for r in results),
@@ -81,7 +87,7 @@ def ordinary_tokens(tokenizer, text: str = "the quick brown fox jumps over the l
 def simulate(llm, step_s: float) -> SimulatedRunner:
     """Swap `llm`'s runner for a SimulatedRunner of the same slots (before a Scheduler is built
     on `llm.loop`). The model stays loaded: the tokenizer and request validation are real."""
-    if llm.model_config.family == "block":
+    if llm.family.block:
         raise ValueError("the simulated runner serves full-canvas models only")
     runner = SimulatedRunner(llm.config.max_batch, step_s, ordinary_tokens(llm.tokenizer))
     llm.runner = runner

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 
 from engine.batching import Picker, partition
 from engine.errors import Overloaded
-from engine.runner import Runner, StepStats
+from engine.runner_api import StepRunner, StepStats
 from engine.sequence import Sequence, StepEvent
 
 
@@ -32,19 +32,17 @@ class StepRecord:
 
 
 class StepLoop:
-    def __init__(self, runner: Runner, max_queue: int, overhead: Optional[float] = None, max_skips: int = 16):
+    def __init__(self, runner: StepRunner, max_queue: int, overhead: Optional[float] = None, max_skips: int = 16):
         self.runner = runner
         self.max_queue = max_queue
         # What one more forward costs, in tokens of padding it would save: the grouping's price.
-        self.overhead = overhead if overhead is not None else getattr(runner, "forward_overhead_tokens", 256)
-        self._row_tokens: Callable[[Sequence], int] = getattr(runner, "row_tokens", lambda s: s.length)
-        # Which of the runner's forwards a row takes this step (rows of different kinds never
-        # share a forward, so never pad each other): None where the runner has one kind.
-        self._forward_kind: Callable[[Sequence], object] = getattr(runner, "forward_kind", lambda s: None)
+        self.overhead = overhead if overhead is not None else runner.forward_overhead_tokens
         self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
         self.waiting: collections.deque[Sequence] = collections.deque()
+        self.steps = 0  # steps run
+        self.forwards = 0  # model calls they made (a step makes one per kind of forward, two with CFG)
 
     @property
     def idle(self) -> bool:
@@ -92,7 +90,7 @@ class StepLoop:
 
     def _remaining(self, seq: Sequence) -> float:
         """Work left: steps left (the planned worst case for adaptive rules) x tokens per step."""
-        return max(1, seq.total_steps - seq.nfe) * self._row_tokens(seq)
+        return max(1, seq.total_steps - seq.nfe) * self.runner.row_tokens(seq)
 
     def next_batch(self) -> list[Sequence]:
         """The running requests that step now: of each kind of forward the runner will run (a KV
@@ -101,10 +99,10 @@ class StepLoop:
         whatever the grouping, so holding one kind back for another would only cost a step."""
         kinds: dict[object, list[Sequence]] = {}
         for seq in self.running:
-            kinds.setdefault(self._forward_kind(seq), []).append(seq)
+            kinds.setdefault(self.runner.forward_kind(seq), []).append(seq)
         batch: list[Sequence] = []
         for rows in kinds.values():
-            groups = partition(rows, self._row_tokens, self.overhead)
+            groups = partition(rows, self.runner.row_tokens, self.overhead)
             batch += (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
         return batch
 
@@ -117,6 +115,8 @@ class StepLoop:
         batch = self.next_batch()
         started = time.time()
         results, stats = self.runner.step(batch)
+        self.steps += 1
+        self.forwards += stats.forwards
         stepped = set(map(id, batch))
         for seq in self.running:
             seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1

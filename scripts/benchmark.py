@@ -36,7 +36,7 @@ from engine.config import EngineConfig, ModelConfig  # noqa: E402
 from engine.model import MaskPredictor  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
-from engine.sampler import reference_generate  # noqa: E402
+from engine.reference import reference_generate  # noqa: E402
 from engine.training import data, skill  # noqa: E402
 
 TEXT_PROMPTS = ["It is a truth universally", "Emma Woodhouse, handsome, clever,", "Mr. Darcy", "She was",
@@ -162,7 +162,7 @@ def run_engine(llm: LLM, prompts, params, pairs, counter: FlopCounter | None, co
     """The in-process engine in waves of `concurrency` requests (also bench_serving's baseline,
     which passes no FlopCounter: its hook would cost the engine time the server does not pay)."""
     run = Run("engine", "skill" if pairs else "text")
-    f0, c0 = (counter.flops, counter.calls) if counter else (0.0, llm.runner.forward_passes)
+    f0, c0 = (counter.flops, counter.calls) if counter else (0.0, llm.loop.forwards)
     texts: list[str] = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), concurrency):  # waves of `concurrency` requests, like N clients
@@ -173,7 +173,7 @@ def run_engine(llm: LLM, prompts, params, pairs, counter: FlopCounter | None, co
     if counter:
         run.flops, run.forwards = counter.flops - f0, counter.calls - c0
     else:
-        run.forwards = llm.runner.forward_passes - c0
+        run.forwards = llm.loop.forwards - c0
     score(run, llm, texts, pairs)
     return run
 

@@ -18,6 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from celeris.v1 import generation_pb2 as pb
 from engine.detok import IncrementalDetokenizer
 from engine.errors import FieldViolation, InvalidRequest
+from engine.knobs import CHOICE, IDS, STRINGS, on
 from engine.llm import Request
 from engine.params import SamplingParams, fit_lengths
 from engine.sequence import FinishReason, Sequence, StepEvent
@@ -36,6 +37,8 @@ KV_CACHE_TO_PB = {"none": pb.KV_CACHE_NONE, "prefix": pb.KV_CACHE_PREFIX, "dual"
 FACTOR_RULE_TO_ENGINE = {pb.FACTOR_RULE_FAST_DLLM: "fast_dllm", pb.FACTOR_RULE_PAPER: "paper"}
 SCHEDULE_TO_ENGINE = {pb.SCHEDULE_LLADA: "llada", pb.SCHEDULE_DREAM: "dream"}
 SCHEDULE_TO_PB = {v: k for k, v in SCHEDULE_TO_ENGINE.items()}
+ENUMS_TO_ENGINE = {"remasking": REMASKING_TO_ENGINE, "kv_cache": KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"},
+                   "factor_rule": FACTOR_RULE_TO_ENGINE, "schedule": SCHEDULE_TO_ENGINE}
 FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -109,23 +112,21 @@ def _enum(value: int, table: dict[int, str], unspecified: int = 0) -> Optional[s
 
 def sampling_params(req: pb.GenerateRequest, defaults: SamplingParams) -> SamplingParams:
     """The knobs a request sets over the defaults, with steps and block length fitted to a
-    gen_length given alone (`fit_lengths`). Values are checked later, once, by LLM.build."""
-    given = {name: getattr(req, name) for name in ("gen_length", "steps", "block_length", "temperature", "threshold",
-                                                   "factor", "cfg_scale", "seed", "eps", "top_k", "top_p",
-                                                   "ignore_eos", "min_tokens", "logprobs", "frequency_penalty",
-                                                   "presence_penalty")
-             if req.HasField(name)}
-    if req.stop_token_ids:
-        given["stop_token_ids"] = tuple(req.stop_token_ids)
-    if req.stop:
-        given["stop"] = tuple(req.stop)
+    gen_length given alone (`fit_lengths`). Field names come from the knob table; values are
+    checked later, once, by Requests.build (unknown enum values reach it as a string naming them)."""
+    given = {}
+    for k in on("proto"):
+        if k.kind in (STRINGS, IDS):
+            if getattr(req, k.proto):
+                given[k.name] = tuple(getattr(req, k.proto))
+        elif k.kind == CHOICE:
+            value = _enum(getattr(req, k.proto), ENUMS_TO_ENGINE[k.name])
+            if value is not None:
+                given[k.name] = value
+        elif req.HasField(k.proto):
+            given[k.name] = getattr(req, k.proto)
     if req.stream_options.provisional:  # stream_plan has checked it goes with a delta stream
         given["provisional"] = True
-    enums = {"remasking": _enum(req.remasking, REMASKING_TO_ENGINE),
-             "kv_cache": _enum(req.kv_cache, KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"}),
-             "factor_rule": _enum(req.factor_rule, FACTOR_RULE_TO_ENGINE),
-             "schedule": _enum(req.schedule, SCHEDULE_TO_ENGINE)}
-    given |= {k: v for k, v in enums.items() if v is not None}
     return fit_lengths(defaults, given)  # knobs gRPC does not carry keep the model's defaults
 
 

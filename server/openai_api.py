@@ -26,15 +26,17 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from engine.errors import FieldViolation, InvalidRequest, clip
+from engine.knobs import BOOL, CHOICE, FLOAT, INT, on
 from engine.llm import Request
 from engine.params import MAX_SEED, SamplingParams, fit_lengths
 from server.errors import ModelNotFound, error_body, to_openai
 
-INTS = ("max_tokens", "max_completion_tokens", "steps", "block_length", "seed", "n", "best_of", "top_k",
-        "min_tokens", "top_logprobs")
-FLOATS = ("temperature", "threshold", "factor", "cfg_scale", "eps", "top_p", "frequency_penalty",
-          "presence_penalty")
-STRINGS = ("remasking", "kv_cache", "factor_rule", "schedule")  # extension fields, checked by the engine
+# Knob body fields by kind, from the knob table (engine/knobs.py), plus the OpenAI fields that
+# are not knobs. Enum knobs travel as strings and are checked by the engine.
+INTS = (*(k.http for k in on("http", INT)), "max_completion_tokens", "n", "best_of", "top_logprobs")
+FLOATS = tuple(k.http for k in on("http", FLOAT))
+STRINGS = tuple(k.http for k in on("http", CHOICE))
+BOOLS = tuple(k.http for k in on("http", BOOL))
 # OpenAI parameters whose non-default values we cannot honour: rejected, never silently ignored.
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -45,12 +47,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 # Known fields that change nothing here: metadata, streaming options (usage always comes with the
 # last chunk), and tool settings that only matter with tools.
 ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
-EXTENSIONS = ("steps", "block_length", "threshold", "factor", "factor_rule", "schedule", "eps", "kv_cache",
-              "cfg_scale", "remasking", "diffusing", "provisional", "top_k", "stop_token_ids", "min_tokens",
-              "ignore_eos")
-COMMON = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stream", "n",
-          "echo", "stop", "logprobs", "top_logprobs",
-          *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
+OPENAI_KNOBS = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stop")
+EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing")
+COMMON = (*OPENAI_KNOBS, "stream", "n", "echo", "logprobs", "top_logprobs", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
 DIFFUSING_FORMATS = ("delta", "full")  # `diffusing` as a string: the stream format; true is "delta"
@@ -110,12 +109,12 @@ def _typed(body: dict, v: list[FieldViolation]) -> dict[str, Any]:
             out["stop_token_ids"] = tuple(ids)
     elif ids is not None:
         v.append(FieldViolation("stop_token_ids", f"must be a list of token ids, got {clip(ids)}"))
-    for name in ("stream", "diffusing", "ignore_eos", "provisional"):
+    for name in ("stream", "diffusing", *BOOLS):
         if name == "diffusing" and body.get(name) in DIFFUSING_FORMATS:
             continue
         if not isinstance(body.get(name, False), bool):
             v.append(FieldViolation(name, f"must be a boolean, got {clip(body[name])}"))
-        elif name in ("ignore_eos", "provisional") and name in body:
+        elif name in BOOLS and name in body:
             out[name] = body[name]
     for name in STRINGS:
         if name in body and not isinstance(body[name], str):
@@ -280,10 +279,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
         v.append(FieldViolation("provisional", 'needs diffusing: true (or "delta"): the predictions ride on delta events'))
     if v:
         raise InvalidRequest(v)
-    names = ("steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed", "eps", "top_k",
-             "top_p", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
-             "provisional", *STRINGS)
-    given = {k: x[k] for k in names if k in x}
+    given = {k.name: x[k.http] for k in on("http") if k.name != "gen_length" and k.http in x}
     logprobs = _logprobs(body, chat, x, v)
     if v:
         raise InvalidRequest(v)

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from engine.params import SamplingParams, fit_lengths
-from engine.sampler import reference_generate
+from engine.reference import reference_generate
 from engine.sequence import FinishReason
 from engine.training import data, skill
 from engine.training.corpus import load_austen

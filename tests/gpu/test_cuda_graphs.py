@@ -12,7 +12,11 @@ from engine.params import SamplingParams
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("extra", [{}, {"temperature": 0.8}, {"threshold": 0.5}, {"remasking": "random"}])
+# Only the forward is captured: every sampling knob runs after the replay, on the graph path.
+@pytest.mark.parametrize("extra", [{}, {"temperature": 0.8}, {"threshold": 0.5}, {"remasking": "random"},
+                                   {"frequency_penalty": 0.5, "presence_penalty": 0.3}, {"min_tokens": 16},
+                                   {"logprobs": 2}, {"top_k": 3, "top_p": 0.9, "temperature": 0.7},
+                                   {"factor": 1.0}])
 def test_graph_replay_matches_eager(tiny_model_dir, extra):
     outs = {}
     for graphs in (False, True):

@@ -60,14 +60,14 @@ CASES = [  # (request overrides, field named, text in its description)
 
 @pytest.mark.parametrize("overrides,field,text", CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
 async def test_each_bad_field_is_named_with_its_limit(serve, tiny_llm, overrides, field, text):
-    steps_before = tiny_llm.runner.forward_passes
+    steps_before = tiny_llm.loop.steps
     async with serve() as (_, stub, _):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub.Generate(small(**overrides)))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     v = violations(e.value)
     assert field in v and text in v[field], v
-    assert tiny_llm.runner.forward_passes == steps_before + 1  # only the warm-up: nothing reached the model
+    assert tiny_llm.loop.steps == steps_before + 1  # only the warm-up: nothing reached the model
 
 
 async def test_all_violations_reported_together(serve):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.params import SamplingParams
-from engine.sampler import reference_generate
+from engine.reference import reference_generate
 from engine.sequence import FinishReason, Sequence
 
 MASK, EOS = 3, 2

@@ -104,7 +104,6 @@ def test_the_worker_steps_without_the_event_loop_and_at_most_one_step_ahead(sim_
     """The step worker starts each step itself: with the event loop blocked it runs the step in
     flight and the next one, then waits for the first's events to be delivered (one step deep)."""
     params = SamplingParams(gen_length=16, steps=16, block_length=8, seed=0)
-    runner = sim_llm.runner
 
     async def go():
         sched = Scheduler(sim_llm.loop)
@@ -112,7 +111,7 @@ def test_the_worker_steps_without_the_event_loop_and_at_most_one_step_ahead(sim_
         stream = sched.submit(sim_llm.request("Emma", params, request_id="r0"))
         await asyncio.sleep(0)  # the wake-up runs at the end of this iteration
         time.sleep(12 * STEP_S)  # block the event loop: no hand-off through it can happen
-        blocked_steps = runner.forward_passes
+        blocked_steps = sim_llm.loop.steps
         events = [ev async for ev in stream]
         stream.close()
         await sched.stop()

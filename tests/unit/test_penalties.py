@@ -9,7 +9,8 @@ import torch
 from engine.errors import InvalidRequest
 from engine.llm import LLM
 from engine.params import SamplingParams, fit_lengths
-from engine.sampler import penalize, reference_generate
+from engine.reference import reference_generate
+from engine.sampler import penalize
 from engine.training.evaluate import distinct_ngrams
 
 MASK = 3

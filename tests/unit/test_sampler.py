@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from engine.params import SamplingParams
-from engine.sampler import reference_generate, select_tokens, transfer_schedule
+from engine.params import SamplingParams as _P
+from engine.reference import reference_generate
+from engine.sampler import select_tokens, transfer_schedule
+from engine.sampling_batch import RowKnobs, SamplingBatch, SelectionRule, Window
 from tests.unit.llada_reference import llada_generate
 
 COMBOS = [  # (steps, gen_length, block_length): one block, several blocks, uneven n % steps
@@ -121,13 +124,12 @@ def _select(conf_logits, k=None, threshold=0.0, factor=0.0, rule=None):
     """Run select_tokens on one row whose x0 probabilities are given by conf_logits (W, V)."""
     logits = conf_logits[None]
     W = logits.shape[1]
-    z = torch.zeros(1, dtype=torch.long)
-    x0, commit, conf, _ = select_tokens(
-        logits, torch.full((1, W), 99), torch.ones(1, W, dtype=torch.bool),
-        k=torch.tensor([k or 0]), temperature=torch.zeros(1, dtype=torch.float64), remask=z,
-        threshold=torch.tensor([threshold], dtype=torch.float64), factor=torch.tensor([factor], dtype=torch.float64),
-        seed=z, step=z, pos=torch.arange(W)[None], sampling=False, any_random=False, factor_rule=rule)
-    return x0, commit, conf
+    params = _P(threshold=threshold or None, factor=factor or None, factor_rule=rule or "fast_dllm")
+    batch = SamplingBatch.build([RowKnobs(params, k or 0, 0, frozenset())], 1, logits.shape[-1], logits.device)
+    pos = torch.arange(W)[None]
+    window = Window(torch.full((1, W), 99), torch.ones(1, W, dtype=torch.bool), pos, pos)
+    sel = select_tokens(logits, batch, window, SelectionRule(mask_id=3))  # V = 4: never the top-1
+    return sel.x0, sel.commit, sel.conf
 
 
 def peaked(probs):

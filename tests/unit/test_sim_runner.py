@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from engine.family import family_of
 from engine.params import SamplingParams
 from engine.sim_runner import SimulatedRunner, ordinary_tokens, simulate
 from engine.sequence import FinishReason
@@ -53,7 +54,7 @@ def test_block_models_are_refused(tiny_llm):
     assert fake.family == "block"
 
     class Stub:
-        model_config = fake
+        family = family_of(fake)
 
     with pytest.raises(ValueError):
         simulate(Stub(), 0.01)

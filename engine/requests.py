@@ -1,0 +1,241 @@
+"""Requests: user input (text, token ids, chat messages) to validated decoding state.
+
+`Requests.build` is the one place both doors' requests are checked, every bad field reported at
+once, size limits before any tokenizing (an oversized input costs nothing), parameters checked
+once. Tokenizing is CPU work proportional to the input: the `*_async` forms run it on worker
+threads, off the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import secrets
+import uuid
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence as Seq, Union
+
+from engine.block_sequence import BlockSequence
+from engine.config import EngineConfig
+from engine.errors import FieldViolation, InvalidRequest, clip
+from engine.family import Family
+from engine.params import MAX_SEED, SamplingParams
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer
+
+Prompt = Union[str, Seq[int]]
+MAX_REQUEST_ID = 128  # characters
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request as a front door hands it over: exactly one of prompt, token_ids,
+    messages. `LLM.build` validates it all, once, for both doors."""
+
+    prompt: Optional[str] = None
+    token_ids: Optional[Seq[int]] = None
+    messages: Optional[Seq[dict]] = None
+    params: Optional[SamplingParams] = None  # None: the model's defaults
+    request_id: str = ""  # empty: one is made up
+
+    def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
+        """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
+        equals the single request with that seed; unseeded, the engine picks each seed); with
+        `numbered`, a client id becomes id-k for k = first + j."""
+        seed = None if self.params is None else self.params.seed
+        return [replace(self, request_id=f"{self.request_id}-{first + j}" if numbered and self.request_id
+                        else self.request_id,
+                        params=self.params if seed is None or j == 0 else
+                        replace(self.params, seed=(seed + j) % (MAX_SEED + 1)))
+                for j in range(n)]
+
+
+class Requests:
+    """Builds validated `Sequence`s for one loaded model."""
+
+    def __init__(self, tokenizer: Tokenizer, config: EngineConfig, defaults: SamplingParams, family: Family):
+        self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
+        self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """No text longer than this can fit in max_prompt_tokens, so it is refused untokenized."""
+        return self.config.max_prompt_tokens * self.tokenizer.max_token_chars
+
+    def _too_long(self, field: str, what: str, chars: int) -> FieldViolation:
+        return FieldViolation(field, f"{what} {chars} characters; the limit is {self.config.max_prompt_tokens} "
+                                     f"tokens ({self.max_prompt_chars} characters)")
+
+    def _check_size(self, req: Request) -> list[FieldViolation]:
+        """Limits that need no tokenizing, checked first so an oversized input costs nothing."""
+        v: list[FieldViolation] = []
+        given = [name for name in ("prompt", "token_ids", "messages") if getattr(req, name) is not None]
+        if len(given) != 1:
+            return [FieldViolation("input", "set one of prompt, token_ids or messages (exactly one)")]
+        limit, tokens = self.max_prompt_chars, self.config.max_prompt_tokens
+        if req.prompt is not None:
+            if not isinstance(req.prompt, str):
+                v.append(FieldViolation("prompt", "must be a string"))
+            elif not req.prompt:
+                v.append(FieldViolation("prompt", "must not be empty"))
+            elif len(req.prompt) > limit:
+                v.append(self._too_long("prompt", "is", len(req.prompt)))
+        elif req.token_ids is not None:
+            if not req.token_ids:
+                v.append(FieldViolation("token_ids", "must not be empty"))
+            elif len(req.token_ids) > tokens:
+                v.append(FieldViolation(
+                    "token_ids", f"prompt is {len(req.token_ids)} tokens; the limit is {tokens}"))
+        else:
+            v += self._check_messages(req.messages)
+        return v
+
+    def _check_messages(self, messages: Seq[dict]) -> list[FieldViolation]:
+        if not messages:
+            return [FieldViolation("messages", "must not be empty")]
+        if len(messages) > self.config.max_prompt_tokens:  # every turn costs at least one token
+            return [FieldViolation("messages", f"{len(messages)} messages; the limit is {self.config.max_prompt_tokens}")]
+        v, total = [], 0
+        for i, m in enumerate(messages):
+            role = m.get("role") if isinstance(m, dict) else None
+            content = m.get("content") if isinstance(m, dict) else None
+            if role not in CHAT_ROLES:
+                v.append(FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {clip(role)}"))
+            if not isinstance(content, str):
+                v.append(FieldViolation(f"messages[{i}].content", f"must be a string, got {clip(content)}"))
+            else:
+                total += len(content)
+        if total > self.max_prompt_chars:
+            v.append(self._too_long("messages", "content is", total))
+        return v
+
+    def _encode(self, req: Request) -> tuple[list[int], str]:
+        """Tokenize a request that passed `_check_size`; (ids, the field they came from)."""
+        if req.messages is not None:
+            return self.tokenizer.encode_chat(req.messages), "messages"
+        if req.prompt is not None:
+            return self.tokenizer.encode(req.prompt), "prompt"
+        ids = list(req.token_ids)
+        self.tokenizer.check_ids(ids, "token_ids")
+        return ids, "token_ids"
+
+    def build(self, req: Request) -> Sequence:
+        """Validate and encode a whole request, reporting every bad field at once; the one place
+        both doors' requests are checked. Size limits come before any tokenizing."""
+        v: list[FieldViolation] = []
+        rid = req.request_id
+        if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID:
+            v.append(FieldViolation("request_id", f"at most {MAX_REQUEST_ID} characters"))
+        params = req.params or self.defaults
+        v += self.violations(params)
+        ids: list[int] = []
+        try:
+            ids = self._prompt_ids(req)
+        except InvalidRequest as e:
+            v += e.violations
+        if v:
+            raise InvalidRequest(v)
+        return self._sequence(ids, params, rid)
+
+    def violations(self, params: SamplingParams) -> list[FieldViolation]:
+        """Every reason these parameters cannot run here: their own limits, this engine's
+        gen_length limit, the family's options, stop ids outside the vocabulary."""
+        try:
+            params.validate(self.config.max_gen_length)
+        except InvalidRequest as e:
+            return e.violations
+        v = self.family.violations(params)
+        try:
+            self.tokenizer.check_ids(list(params.stop_token_ids), "stop_token_ids")
+        except InvalidRequest as e:
+            v += e.violations
+        return v
+
+    def _prompt_ids(self, req: Request) -> list[int]:
+        size = self._check_size(req)
+        if size:
+            raise InvalidRequest(size)
+        ids, field = self._encode(req)
+        if len(ids) > self.config.max_prompt_tokens:
+            raise InvalidRequest([FieldViolation(
+                field, f"prompt is {len(ids)} tokens; the limit is {self.config.max_prompt_tokens}")])
+        return ids
+
+    async def build_async(self, req: Request) -> Sequence:
+        """`build` in a worker thread, so tokenizing never stalls the caller's event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.build, req)
+
+    def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
+        """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""
+        if len(text) > self.max_prompt_chars:
+            raise InvalidRequest([self._too_long("text", "is", len(text))])
+        if chat:
+            ids = self.tokenizer.encode_chat([{"role": "user", "content": text}])
+        else:
+            ids = self.tokenizer.encode(text) if text else []
+        return ids, self.tokenizer.tokens(ids)
+
+    async def tokenize_async(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.tokenize, text, chat)
+
+    def encode_prompt(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
+        """Token ids of a prompt (text or ids) or chat, with the request limits applied."""
+        return self._prompt_ids(self._offline_request(prompt, None, messages, ""))
+
+    async def encode_prompt_async(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
+        """`encode_prompt` in a worker thread (the HTTP /tokenize route)."""
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.encode_prompt, prompt, messages)
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus canvas: the most tokens one request can hold."""
+        return self.config.max_prompt_tokens + self.config.max_gen_length
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        """Text of token ids (special tokens skipped), at most `max_model_len` of them."""
+        if len(ids) > self.max_model_len:
+            raise InvalidRequest([FieldViolation("tokens", f"{len(ids)} tokens; the limit is {self.max_model_len}")])
+        bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+        if bad:
+            raise InvalidRequest([FieldViolation("tokens", f"ids must be in [0, {self.tokenizer.vocab_size}); "
+                                                           f"bad: {bad[:5]}")])
+        return self.tokenizer.decode(ids)
+
+    async def detokenize_async(self, ids: Seq[int]) -> str:
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.detokenize, ids)
+
+    def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
+                messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
+        """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""
+        return self.build(self._offline_request(prompt, params, messages, request_id))
+
+    @staticmethod
+    def _offline_request(prompt: Prompt, params: Optional[SamplingParams], messages: Optional[Seq[dict]],
+                         request_id: str) -> Request:
+        if messages is not None:
+            return Request(messages=messages, params=params, request_id=request_id)
+        if isinstance(prompt, str):
+            return Request(prompt=prompt, params=params, request_id=request_id)
+        return Request(token_ids=list(prompt), params=params, request_id=request_id)
+
+    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> Sequence:
+        """A request of token ids (offline callers and tests): parameters checked, seed filled in."""
+        v = self.violations(params)
+        if v:
+            raise InvalidRequest(v)
+        return self._sequence(prompt_ids, params, request_id)
+
+    def _sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Sequence:
+        """The decoding state of a validated request, with a seed when none was given."""
+        if params.seed is None:
+            params = params.with_seed(secrets.randbits(63))
+        rid = request_id or uuid.uuid4().hex
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.stop_ids)
+        stops = dict(stop_ids=stop_ids, mask_id=self.tokenizer.mask_id,
+                     find_stop_text=self.tokenizer.stop_finder(params.stop) if params.stop else None)
+        if self.family.block:
+            return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk, **stops)
+        if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
+            params = replace(params, kv_cache=self.config.kv_cache)
+        return Sequence(rid, prompt_ids, params, **stops)

@@ -1,0 +1,105 @@
+"""The contract between the step loop and a runner, and the records that cross it.
+
+A runner owns the device state of every slot (canvases, caches) and runs one batched step:
+`StepLoop` hands it the rows that step and gets one `RowResult` per row back, plus the step's
+`StepStats`. Two runners implement it: `runner.Runner` (full-canvas: LLaDA, Dream) and
+`block_runner.BlockRunner` (block diffusion: SDAR, LLaDA2); `sim_runner.SimRunner` fakes one
+for benchmarks. `row_results` is the one place a step's device results become host records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence as Seq
+
+import torch
+
+from engine.sampler import token_logprobs
+from engine.sampling_batch import SamplingBatch, Selection
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What one request got from one step: block-relative positions, tokens, confidences, and
+    (when asked) each token's log-probability with its top alternatives ((id, logprob), ...)."""
+
+    positions: list[int]
+    tokens: list[int]
+    confidences: list[float]
+    logprobs: tuple = ()  # per position: (logprob, ((id, logprob), ...))
+    # With params.provisional: (position, token, confidence) of every candidate left masked.
+    provisional: tuple = ()
+
+
+EMPTY = RowResult([], [], [])
+
+
+@dataclass(frozen=True)
+class StepStats:
+    batch: int  # requests served
+    bucket_batch: int
+    bucket_length: int
+    window: int
+    committed: int
+    seconds: float
+    cuda_graph: bool = False
+    forwards: int = 1  # model calls this step (more than one when cache refresh groups differ)
+
+
+class StepRunner(Protocol):
+    """What `StepLoop` needs of a runner."""
+
+    slots: int  # rows of device state: at most this many requests run at once
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        """What one more forward costs, in tokens of padding it would save (the grouping's price)."""
+
+    def row_tokens(self, seq: Sequence) -> int:
+        """Columns this row's next forward computes: the scheduler's cost estimate."""
+
+    def forward_kind(self, seq: Sequence) -> object:
+        """Which of the step's forwards this row joins; rows of different kinds never share one."""
+
+    def load(self, seq: Sequence) -> None:
+        """Write a newly admitted request into its slot."""
+
+    def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
+        """One denoising step for every row: results in the same order."""
+
+
+def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
+                logits: torch.Tensor) -> list[RowResult]:
+    """The host records of a step's real rows: one device->host copy of the commits, tokens and
+    confidences (the step's synchronisation), plus log-probabilities (of the raw logits) and the
+    provisional picks where rows ask for them."""
+    n = batch.rows
+    commit, tokens, conf = sel.commit[:n].cpu(), new[:n].cpu(), sel.conf[:n].float().cpu()
+    top = batch.top_logprobs
+    lps = None if top < 0 else tuple(None if t is None else t[:n].cpu() for t in token_logprobs(logits, new, top))
+    guess = torch.where(candidate & ~sel.commit, sel.x0, -1)[:n].cpu() if any(batch.provisional) else None
+    out = []
+    for r in range(n):
+        pos = commit[r].nonzero().flatten()
+        lp = _row_logprobs(lps, r, pos) if batch.logprobs[r] is not None else ()
+        prov = _row_provisional(guess, conf, r) if batch.provisional[r] else ()
+        out.append(RowResult(pos.tolist(), tokens[r, pos].tolist(), conf[r, pos].tolist(), lp, prov))
+    return out
+
+
+def _row_logprobs(extra: Optional[tuple], r: int, pos: torch.Tensor) -> tuple:
+    """RowResult.logprobs of row r's committed positions from host `token_logprobs` outputs."""
+    chosen, values, ids = extra
+    lp = chosen[r, pos].tolist()
+    if values is None:
+        return tuple((x, ()) for x in lp)
+    v, i = values[r, pos].tolist(), ids[r, pos].tolist()
+    return tuple((x, tuple(zip(ii, vv))) for x, ii, vv in zip(lp, i, v))
+
+
+def _row_provisional(guess: torch.Tensor, conf: torch.Tensor, r: int) -> tuple:
+    """RowResult.provisional of row r: `guess` holds the sampler's pick at each candidate it left
+    masked and -1 elsewhere; `conf` the confidences it ranked by."""
+    pos = (guess[r] >= 0).nonzero().flatten()
+    return tuple(zip(pos.tolist(), guess[r, pos].tolist(), conf[r, pos].tolist()))
