@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from clients import stream_load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +24,7 @@ def test_stream_modes_pick_up_delta_once_the_protos_have_it(monkeypatch):
     assert opts.provisional and opts.format == stream_load.pb.SNAPSHOT_FORMAT_DELTA
 
 
+@pytest.mark.slow  # a server process, a client process and the engine, end to end
 def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "scripts/bench_serving.py", "--quick", "--threads", "1", "--json", str(out)],

@@ -59,6 +59,7 @@ def test_distinct_ngrams():
 
 
 @needs_apt
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llada", "sdar"])
 def test_training_smoke_run_produces_a_loadable_model(tmp_path, arch):
     cache = tmp_path / "cache"
