@@ -110,20 +110,23 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 # ---------------------------------------------------------------- confidence measures
 
 def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
-                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+                dtype: torch.dtype = torch.float64, measures: Optional[frozenset[str]] = None) -> torch.Tensor:
     """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W).
 
     dtype: float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published
-    code keeps the logits' own dtype, so its family passes that.
+    code keeps the logits' own dtype, so its family passes that. measures: the REMASKING names
+    some row uses (None: all); the others are not computed (a top-2 and an entropy over the
+    vocabulary cost more than the softmax itself), which changes no row's value.
     """
+    used = frozenset(REMASK_CODE) if measures is None else measures
     p = F.softmax(logits.to(dtype), dim=-1)
-    prob = torch.gather(p, -1, x0[..., None]).squeeze(-1)  # LLaDA low_confidence, Dream maskgit_plus
-    top2 = torch.topk(p, 2, dim=-1).values
-    margin = top2[..., 0] - top2[..., 1]  # Dream topk_margin
-    neg_entropy = (p * torch.log(p + 1e-10)).sum(-1)  # Dream entropy, with its epsilon
+    conf = torch.gather(p, -1, x0[..., None]).squeeze(-1)  # LLaDA low_confidence, Dream maskgit_plus
     code = remask[:, None]
-    conf = torch.where(code == REMASK_CODE["margin"], margin, prob)
-    conf = torch.where(code == REMASK_CODE["entropy"], neg_entropy, conf)
+    if "margin" in used:  # Dream topk_margin
+        top2 = torch.topk(p, 2, dim=-1).values
+        conf = torch.where(code == REMASK_CODE["margin"], top2[..., 0] - top2[..., 1], conf)
+    if "entropy" in used:  # Dream entropy, with its epsilon
+        conf = torch.where(code == REMASK_CODE["entropy"], (p * torch.log(p + 1e-10)).sum(-1), conf)
     if u_random is not None:
         conf = torch.where(code == REMASK_CODE["random"], u_random.to(dtype), conf)
     return conf
@@ -160,7 +163,7 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
-    conf = confidences(logits, x0, batch.remask, u_random, rule.conf_dtype or logits.dtype)
+    conf = confidences(logits, x0, batch.remask, u_random, rule.conf_dtype or logits.dtype, batch.measures)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.

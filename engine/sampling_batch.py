@@ -78,6 +78,7 @@ class SamplingBatch:
     rows: int  # real rows (the rest pad the bucket)
     sampling: bool  # any temperature > 0
     any_random: bool  # any random remasking
+    measures: frozenset[str]  # the confidence measures (REMASKING names) real rows use
     thresholds: tuple[float, ...]  # per real row, for the published tie order on the host
     logprobs: tuple[Optional[int], ...]  # per real row: alternatives asked for, None: no logprobs
     provisional: tuple[bool, ...]  # per real row
@@ -111,6 +112,7 @@ class SamplingBatch:
                    col["frequency"] if penalized else None, col["presence"] if penalized else None,
                    rows=len(rows), sampling=any(p.temperature > 0 for p in ps),
                    any_random=any(p.remasking == "random" for p in ps),
+                   measures=frozenset(p.remasking for p in ps),
                    thresholds=tuple(float(row[1]) for row in floats),
                    logprobs=tuple(p.logprobs for p in ps), provisional=tuple(p.provisional for p in ps))
 

@@ -11,8 +11,9 @@ the server process's CPU (/proc/<pid>/stat), the event loop's CPU (celeris_event
 CPU outside the forward = (process CPU - forward CPU) / steps, the forward's CPU counted as
 its wall time on one core (none for the simulated runner, whose forward is a sleep), and the
 client process's CPU per server step (what the clients take from the same cores). `engine`
-rows are `LLM.generate` in this process, same prompts, parameters, threads and waves; their
-`fwd ms` is the engine's whole step (wall time per step), set beside the server's forward.
+rows are `LLM.generate` in this process, stepped on the thread that loaded the model as the server
+steps, with the same prompts, parameters, threads and waves; their `fwd ms` is the engine's whole
+step (wall time per step), set beside the server's forward.
 
 GPU-shaped simulation: a second server with `--simulate-step-ms` (engine/sim_runner.py) serves
 `--sim-batch` concurrent every-step streams; its steps/s is set beside the simulated runner's own
@@ -44,9 +45,12 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from engine.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
-from engine.threads import available_cpus, serving_threads  # noqa: E402
+from engine.threads import TensorThread, available_cpus, serving_threads  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 from serving_report import format_report, median_by, targets  # noqa: E402
+
+# The engine baseline's model is loaded and stepped here, as `celeris serve` does its own.
+TENSOR_THREAD = TensorThread("bench-engine")
 
 
 def params_for(gen: int, a: argparse.Namespace) -> SamplingParams:
@@ -91,7 +95,10 @@ def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: in
 
 
 def engine_cell(llm: LLM, prompts: list[str], p: SamplingParams, concurrency: int) -> dict[str, Any]:
-    run = run_engine(llm, prompts, p, [], None, concurrency)
+    """The in-process engine on the same load, stepped on the thread that loaded the model, as
+    `celeris serve` steps it (engine/threads.py): stepped on another thread, its OpenMP team waits
+    passively between regions and a busy host stalls it at random."""
+    run = TENSOR_THREAD.submit(run_engine, llm, prompts, p, [], None, concurrency).result()
     return {"tokens": run.tokens, "wall_s": run.seconds, "tokens_per_s": run.tokens_per_s, "steps": run.forwards,
             "steps_per_s": run.forwards / run.seconds, "forward_ms": 1000 * run.seconds / max(1, run.forwards)}
 
@@ -104,7 +111,7 @@ def run_matrix(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: li
         for gen in a.gen_lengths:
             p = params_for(gen, a)
             warm = request_specs(TEXT_PROMPTS[:2], p)  # first calls pay allocation and kernel selection
-            llm.generate(TEXT_PROMPTS[:2], p)
+            TENSOR_THREAD.submit(llm.generate, TEXT_PROMPTS[:2], p).result()
             for mode in modes:
                 client.run({"target": server.target, "concurrency": 2, "mode": mode, "requests": warm})
             for c in a.concurrency:
@@ -209,9 +216,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.sim_mode is not None and (a.sim_mode not in offered or a.sim_mode.startswith(("block", "final"))):
         raise SystemExit(f"--sim-mode: {a.sim_mode!r} is not an every-step mode of {', '.join(offered)}")
     torch.set_num_threads(a.threads)
+    TENSOR_THREAD.submit(torch.set_num_threads, a.threads).result()
     biggest = max(max(a.concurrency), a.sim_batch)
-    llm = LLM.load(a.model, EngineConfig(max_batch=biggest, max_queue=4 * biggest, max_prompt_tokens=128,
-                                         max_gen_length=max(*a.gen_lengths, a.sim_gen_length), kv_cache=a.kv_cache))
+    llm = TENSOR_THREAD.submit(LLM.load, a.model, EngineConfig(
+        max_batch=biggest, max_queue=4 * biggest, max_prompt_tokens=128,
+        max_gen_length=max(*a.gen_lengths, a.sim_gen_length), kv_cache=a.kv_cache)).result()
     report: dict[str, Any] = {"conditions": {
         "model": llm.name, "dtype": "float32", "device": "cpu", "threads": a.threads, "cpus_available": available_cpus(),
         "cpu_count": os.cpu_count(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
