@@ -49,6 +49,24 @@ def merge(older: StepEvent, newer: StepEvent) -> StepEvent:
         block_complete=older.block_complete or newer.block_complete)
 
 
+def fold(events: list[StepEvent], held: dict[int, StepEvent], live: dict[int, RequestStream]) -> list[StepEvent]:
+    """The formatter thread's filter over one step's events: those to format now. An event for a
+    lagging reader is folded into the one `held` for it, unless it is the request's last; held
+    events of requests no longer `live` (cancelled meanwhile) are dropped."""
+    out = []
+    for ev in events:
+        before = held.pop(ev.ticket, None)
+        ev = ev if before is None else merge(before, ev)
+        stream = live.get(ev.ticket)
+        if stream is not None and stream.lagging and not ev.finished:
+            held[ev.ticket] = ev
+        else:
+            out.append(ev)
+    for ticket in [t for t in held if t not in live]:
+        held.pop(ticket, None)
+    return out
+
+
 class RequestStream:
     """The step events of one admitted request. Iterate it; `close()` it when done (a door's
     `finally`): that cancels the request if it is still in the engine, makes its id reusable at

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from engine.admission import check_room
 from engine.errors import EngineError, StepFailed, clip
-from engine.request_stream import DONE, RequestStream, StreamAbandoned, merge
+from engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
 from engine.sequence import Sequence, StepEvent
 from engine.step_loop import StepLoop, StepRecord
 from engine.threads import TensorThread
@@ -82,6 +82,7 @@ class Scheduler:
         self._worker: Optional[asyncio.Future] = None  # done when the step worker has returned
         self._stopping = False
         self.accepting = True
+        self.on_dead: Optional[Callable[[], None]] = None  # called if the step worker dies
         self.steps = 0
 
     # ------------------------------------------------------------------ public
@@ -124,6 +125,19 @@ class Scheduler:
             # A daemon thread: a scheduler never stopped must not hold the interpreter at exit.
             threading.Thread(target=work, name="celeris-step", daemon=True).start()
             self._worker = asyncio.wrap_future(done)
+        self._worker.add_done_callback(self._worker_ended)
+
+    def _worker_ended(self, worker: asyncio.Future) -> None:
+        """The step worker returned: expected when stopping; otherwise nothing can be served any
+        more, so refuse new work and say so (`on_dead`, e.g. health NOT_SERVING)."""
+        if self._stopping:
+            return
+        self.accepting = False
+        error = worker.exception() if not worker.cancelled() else None
+        log.error("the step worker ended unexpectedly: %r; refusing new work", error)
+        self._failed([stream.seq for stream in self._live.values()], RuntimeError(f"the step worker ended: {error!r}"))
+        if self.on_dead is not None:
+            self.on_dead()
 
     async def stop(self) -> None:
         """Refuse new work, let the step in flight finish (the worker is never cut mid-step), then
@@ -283,27 +297,10 @@ class Scheduler:
         """Formatter thread: format one step's events, hand them to the event loop to write out.
         The returned event is set once they are in their streams."""
         delivered = threading.Event()
-        formatted = [self._format(ev) for ev in self._fold(events)]
+        formatted = [self._format(ev) for ev in fold(events, self._held, self._live)]
         if not _post(loop, self._deliver_step, formatted, delivered):
             delivered.set()  # no loop left to deliver to: nothing to wait for
         return delivered
-
-    def _fold(self, events: list[StepEvent]) -> list[StepEvent]:
-        """Formatter thread: the events to format now. An event for a lagging reader is folded
-        into the one held for it (engine/request_stream.py) unless it is the last; held events
-        of requests that ended meanwhile (cancelled) are dropped."""
-        out = []
-        for ev in events:
-            held = self._held.pop(ev.ticket, None)
-            ev = ev if held is None else merge(held, ev)
-            stream = self._live.get(ev.ticket)
-            if stream is not None and stream.lagging and not ev.finished:
-                self._held[ev.ticket] = ev
-            else:
-                out.append(ev)
-        for ticket in [t for t in self._held if t not in self._live]:
-            self._held.pop(ticket, None)
-        return out
 
     def _deliver_step(self, formatted: list[StepEvent], delivered: threading.Event) -> None:
         try:

@@ -117,6 +117,7 @@ class CelerisServer:
         self.scheduler.max_open_per_owner = client_share(s.max_streams_per_client, self.scheduler.max_open,
                                                          self.llm.loop.runner.slots)
         self.telemetry.bind_scheduler(self.scheduler)
+        self.scheduler.on_dead = self._cannot_serve
         self.scheduler.start()
         self.guard = Guard(s.api_token, s.rate_limit, s.rate_burst, s.trust_forwarded_for, s.rate_limit_clients)
         self.lifecycle = Lifecycle(self.llm, self.scheduler, self.telemetry, self.guard,
@@ -151,6 +152,12 @@ class CelerisServer:
         log.info("server.started", port=self.port, model=s.model_names(self.llm.name)[0],
                  http_port=self.http.port if self.http else None)
         return self.port
+
+    def _cannot_serve(self) -> None:
+        """The engine can no longer serve (its step worker died): NOT_SERVING, so balancers and
+        Kubernetes move traffic away and restart it; new requests get UNAVAILABLE."""
+        log.error("server.cannot_serve", reason="the step worker ended")
+        asyncio.get_running_loop().create_task(self.health.set(False))
 
     async def _warmup(self) -> None:
         """One tiny generation through the real path, so the first user request is not the slow one."""

@@ -16,6 +16,13 @@ from engine.runner import Runner
 from server.cli import main
 
 FAIL_AT = int(os.environ.get("CELERIS_FAULT_STEP", "2"))
+# "fatal": the fault is a BaseException the step worker does not survive (as a C extension's
+# abort or a stray SystemExit would), so the server can no longer serve.
+FATAL = os.environ.get("CELERIS_FAULT_KIND") == "fatal"
+
+
+class FatalFault(BaseException):
+    pass
 _step = Runner.step
 _calls = 0
 
@@ -24,7 +31,7 @@ def faulty_step(self, *args, **kwargs):
     global _calls
     _calls += 1
     if _calls == FAIL_AT:
-        raise RuntimeError(f"injected fault in step {_calls}")
+        raise (FatalFault if FATAL else RuntimeError)(f"injected fault in step {_calls}")
     return _step(self, *args, **kwargs)
 
 

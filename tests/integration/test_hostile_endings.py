@@ -235,6 +235,26 @@ def test_closed_stdout_pipe_breaks_neither_serving_nor_signals(tiny_model_dir, t
     print("\nclosed stdout pipe: 3 generations served, health SERVING, SIGINT stopped it (exit 0)")
 
 
+def test_health_says_not_serving_when_the_engine_cannot_serve(spawn):
+    proc = spawn(module="tests.integration.fault_server", env={"CELERIS_FAULT_STEP": "2", "CELERIS_FAULT_KIND": "fatal"})
+    codes = []
+    with grpc.insecure_channel(proc.target) as ch:
+        stub = pb_grpc.GenerationServiceStub(ch)
+        for _ in range(2):
+            try:
+                list(stub.Generate(pb.GenerateRequest(prompt="Emma", gen_length=8, steps=8, block_length=8),
+                                   timeout=30))
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+    deadline = time.monotonic() + 30
+    while proc.health() != health_pb2.HealthCheckResponse.NOT_SERVING and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert codes == ["INTERNAL", "UNAVAILABLE"], codes
+    assert proc.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    print(f"\ndead step worker: {codes}, health NOT_SERVING")
+
+
 # ---------------------------------------------------------------- item 12: ports in use
 
 
