@@ -250,6 +250,8 @@ class HttpGateway:
                     return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")
 
                 streams = await self.lifecycle.submit(lives, reqs, [formatter] * len(reqs))  # all or none
+                for stream in streams:  # a client that stopped reading: drop its connection
+                    stream.on_abandon = task.cancel if task is not None else None
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
                 lives[0].fail(e)
