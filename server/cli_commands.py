@@ -84,7 +84,8 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
                     help="require 'authorization: Bearer TOKEN' (default: $CELERIS_API_TOKEN; unset = no auth)")
     ap.add_argument("--rate-limit", type=float, default=0.0,
-                    help="requests/s per client (its bearer token, else its address), burst 20; 0 = off")
+                    help="requests/s per client (its bearer token, else its address), burst 20; a call with n "
+                         "samples counts n; 0 = off")
     ap.add_argument("--trust-forwarded-for", action="store_true",
                     help="key the rate limit on X-Forwarded-For (only behind a proxy that sets it)")
     ap.add_argument("--max-streams", type=int, default=None,

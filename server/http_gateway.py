@@ -25,7 +25,7 @@ from engine.llm import LLM
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, StepEvent
 from server import openai_api
-from server.errors import PortInUse, RequestTimeout, error_body
+from server.errors import RequestTimeout, error_body
 from server.http_body import read_json
 from server.http_transport import JsonErrorRunner, listening_socket
 from server.guard import Guard

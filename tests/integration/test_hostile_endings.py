@@ -24,9 +24,9 @@ from grpc_health.v1 import health_pb2
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from tests.integration.h2_client import ParkingConnection, settle
+from tests.integration.h2_client import ParkingConnection
 from tests.integration.server_process import ROOT, free_port, retry_delay_s
-from tests.integration.test_hostile_round3 import log_records, request
+from tests.integration.test_hostile_round3 import log_records
 
 pytestmark = pytest.mark.slow
 

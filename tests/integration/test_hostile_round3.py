@@ -12,7 +12,6 @@ import gzip
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -320,3 +319,29 @@ async def test_concurrent_n_calls_are_admitted_whole_or_not_at_all(spawn):
     assert held == 80, held
     print(f"\nall or nothing: 8 concurrent calls with n=16 on 80 places: 5 admitted whole ({int(held)} places), "
           f"{len(ended)} refused")
+
+
+# ---------------------------------------------------------------- item 15: loopback by default
+
+
+def test_serve_binds_loopback_unless_asked_and_deploy_asks(tiny_model_dir, tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-m", "server.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+            "--threads", "1", "--log-format", "json"]  # no --host
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    env.pop("CELERIS_API_TOKEN", None)
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        probe = ServerProcess(tiny_model_dir, tmp_path / "unused.log", port=port)
+        probe.proc = proc
+        probe.wait_serving(90)  # served on 127.0.0.1 ...
+        with pytest.raises(ConnectionRefusedError):  # ... and not on another address of this machine
+            socket.create_connection(("127.0.0.2", port), timeout=5).close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    for path in ("deploy/Dockerfile", "deploy/Dockerfile.cuda", "deploy/k8s/base/deployment.yaml"):
+        text = (ROOT / path).read_text()
+        assert '"--host", "[::]"' in text or '"--host=[::]"' in text, f"{path} must ask for every interface"
+    print("\nbind: `celeris serve` without --host answers on 127.0.0.1 only; the images and manifests pass [::]")
