@@ -1,15 +1,16 @@
 """Admission and per-request streams: `Scheduler` serves one `StepLoop` (engine/step_loop.py) to
-asyncio. A step worker thread owns the loop: it steps back to back while there is work and, between steps, applies cancellations and admits waiting requests
-itself, so the event loop is never on a step's critical path (at a GPU's pace every hand-off
+asyncio. A step worker thread owns the loop: it steps back to back while there is work and,
+between steps, applies cancellations and admits waiting requests itself, so the event loop is never on a step's critical path (at a GPU's pace every hand-off
 through the loop is time the GPU idles). The loop only queues requests (`StepLoop.add`: a deque
 append, safe beside a step), marks cancellations for the worker, and writes each request's step
 events to its own `RequestStream`. One worker, batched forwards over the running requests —
 never one forward per request.
 
-`submit` admits eagerly: a full queue, too many open streams, draining or a duplicate id raise
-there, before a stream exists, so no front door sees admission errors arrive through a stream.
-A stream counts against admission until its door closes it, also after the engine finished it:
-a client that opens streams and never reads them holds places, not unbounded memory.
+`submit_group` admits one call's samples eagerly and all or none: a full queue, too many open
+streams, the owner's (client's) share used up, draining or a duplicate id raise there, before a
+stream exists. A stream holds its place until its door closes it, also after the engine finished
+it; memory per stream is bounded however its client reads (engine/request_stream.py: lagging
+readers get folded events, readers silent for `unread_timeout` are abandoned).
 
 Formatting happens off the event loop. A door may pass `submit` a formatter: an opaque callable
 StepEvent -> anything (the engine never looks inside; gRPC builds a GenerateResponse, the HTTP
@@ -20,8 +21,8 @@ door to raise. Only shutdown's cancel events are formatted on the loop.
 
 Step n's events are formatted and delivered while step n+1 runs (a pipeline of depth one): the
 step worker never waits for formatting, and delivery never falls more than one step behind,
-because the worker hands over step n+1's events only once step n's are in their streams. Events are immutable
-snapshots, so formatting them beside the next step reads nothing that step writes.
+because the worker hands over step n+1's events only once step n's are in their streams. Events
+are immutable snapshots, so formatting them beside the next step reads nothing that step writes.
 """
 
 from __future__ import annotations
@@ -32,68 +33,27 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Callable, Optional
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, Overloaded, StepFailed, Unavailable, clip
+from engine.admission import check_room
+from engine.errors import EngineError, StepFailed, clip
+from engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
 from engine.sequence import Sequence, StepEvent
 from engine.step_loop import StepLoop, StepRecord
 from engine.threads import TensorThread
 
 
-_DONE = object()
 Formatter = Callable[[StepEvent], Any]
 log = logging.getLogger("celeris.engine")
-
-
-class RequestStream:
-    """The step events of one admitted request. Iterate it; `close()` it when done (a door's
-    `finally`): that cancels the request if it is still in the engine, makes its id reusable at
-    once, and gives its place back to admission."""
-
-    def __init__(self, scheduler: Scheduler, seq: Sequence):
-        self.scheduler, self.seq = scheduler, seq
-        self.request_id, self.ticket = seq.request_id, seq.ticket
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.ended = False  # the engine has delivered its last event (or an error)
-        self.closed = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StepEvent:
-        if self.closed:
-            raise StopAsyncIteration
-        ev = await self.queue.get()
-        if ev is _DONE:
-            raise StopAsyncIteration
-        if isinstance(ev, EngineError):
-            raise ev
-        return ev
-
-    def close(self) -> None:
-        self.scheduler._close(self)
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def __enter__(self) -> RequestStream:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.close()
 
 
 class Scheduler:
     """asyncio front of a StepLoop. `submit()` admits a request and returns its RequestStream."""
 
     def __init__(self, loop_core: StepLoop, on_step: Optional[Callable[[StepRecord], None]] = None,
-                 max_open: Optional[int] = None, thread: Optional[TensorThread] = None):
+                 max_open: Optional[int] = None, thread: Optional[TensorThread] = None,
+                 max_open_per_owner: Optional[int] = None, unread_timeout: float = 0.0):
         self.core = loop_core
         self.on_step = on_step
         # Where the step worker runs: the thread that loaded the model (a server passes the
@@ -105,6 +65,14 @@ class Scheduler:
         self._ids: dict[str, RequestStream] = {}  # request id -> stream, while the engine has it
         self._formatters: dict[int, Formatter] = {}  # ticket -> the door's formatter, while live
         self._open = 0
+        # One owner (a client: its API key, else its address) holds at most this many places.
+        self.max_open_per_owner = max_open_per_owner or self.max_open
+        self._owned: collections.Counter[str] = collections.Counter()
+        self._placed: set[RequestStream] = set()  # streams holding a place
+        self.unread_timeout = unread_timeout  # 0 = off; else abandon streams unread this long
+        self._watch: Optional[asyncio.Task] = None
+        # Formatter thread only: per ticket, the events folded for a lagging reader (request_stream.py).
+        self._held: dict[int, StepEvent] = {}
         # Requests to cancel, appended on the loop, applied by the worker between steps.
         self._cancelled: collections.deque[Sequence] = collections.deque()
         self._kick = threading.Event()  # wakes an idle worker (new work, cancellation, stop)
@@ -114,6 +82,7 @@ class Scheduler:
         self._worker: Optional[asyncio.Future] = None  # done when the step worker has returned
         self._stopping = False
         self.accepting = True
+        self.on_dead: Optional[Callable[[], None]] = None  # called if the step worker dies
         self.steps = 0
 
     # ------------------------------------------------------------------ public
@@ -137,6 +106,8 @@ class Scheduler:
         return self._open
 
     def start(self) -> None:
+        if self.unread_timeout > 0 and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_unread())
         if self._worker is None and self.thread is not None:
             self._worker = asyncio.wrap_future(self.thread.submit(self._work, asyncio.get_running_loop()))
         elif self._worker is None:
@@ -154,6 +125,19 @@ class Scheduler:
             # A daemon thread: a scheduler never stopped must not hold the interpreter at exit.
             threading.Thread(target=work, name="celeris-step", daemon=True).start()
             self._worker = asyncio.wrap_future(done)
+        self._worker.add_done_callback(self._worker_ended)
+
+    def _worker_ended(self, worker: asyncio.Future) -> None:
+        """The step worker returned: expected when stopping; otherwise nothing can be served any
+        more, so refuse new work and say so (`on_dead`, e.g. health NOT_SERVING)."""
+        if self._stopping:
+            return
+        self.accepting = False
+        error = worker.exception() if not worker.cancelled() else None
+        log.error("the step worker ended unexpectedly: %r; refusing new work", error)
+        self._failed([stream.seq for stream in self._live.values()], RuntimeError(f"the step worker ended: {error!r}"))
+        if self.on_dead is not None:
+            self.on_dead()
 
     async def stop(self) -> None:
         """Refuse new work, let the step in flight finish (the worker is never cut mid-step), then
@@ -161,6 +145,9 @@ class Scheduler:
         self.accepting = False
         self._stopping = True
         self._kick.set()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._worker is not None:
             try:
                 await self._worker  # it ends after the step in flight, its events delivered
@@ -173,28 +160,32 @@ class Scheduler:
             self._deliver(stream, self._format(ev) if ev is not None else None)
         self._format_executor.shutdown(wait=True)
 
-    def submit(self, seq: Sequence, formatter: Optional[Formatter] = None) -> RequestStream:
-        """Admit `seq` or raise (Unavailable, Overloaded, InvalidRequest for a duplicate id).
-        `formatter`, if given, turns each of its events into `StepEvent.formatted` in the
-        formatter thread (see the module docstring); it is set before the request can run a step."""
-        if not self.accepting:
-            raise Unavailable("server is draining; retry on another replica")
-        if seq.request_id in self._ids:
-            raise InvalidRequest([FieldViolation("request_id", f"{clip(seq.request_id)} is already running")])
-        if self._open >= self.max_open:
-            raise Overloaded(f"too many open streams ({self._open}); retry later")
-        if formatter is not None:
-            self._formatters[seq.ticket] = formatter
-        try:
-            self.core.add(seq)
-        except EngineError:
-            self._formatters.pop(seq.ticket, None)
-            raise
-        stream = RequestStream(self, seq)
-        self._live[seq.ticket] = self._ids[seq.request_id] = stream
-        self._open += 1
+    def submit(self, seq: Sequence, formatter: Optional[Formatter] = None, owner: str = "") -> RequestStream:
+        """`submit_group` of one request."""
+        return self.submit_group([seq], [formatter], owner)[0]
+
+    def submit_group(self, seqs: list[Sequence], formatters: Optional[list[Optional[Formatter]]] = None,
+                     owner: str = "") -> list[RequestStream]:
+        """Admit every one of `seqs` (one call's samples) or none: raises Unavailable, Overloaded,
+        or InvalidRequest (a duplicate id, or more samples than one owner may ever hold).
+        `formatters[k]`, if given, turns each event of seqs[k] into `StepEvent.formatted` in the
+        formatter thread (see the module docstring); set before the request can run a step.
+        `owner` (a client key) holds at most `max_open_per_owner` places."""
+        check_room(self.core, [s.request_id for s in seqs], owner, self.accepting, self._ids, self._open,
+                   self.max_open, self._owned[owner], self.max_open_per_owner)
+        streams = []
+        for seq, fmt in zip(seqs, formatters or [None] * len(seqs)):
+            if fmt is not None:
+                self._formatters[seq.ticket] = fmt
+            self.core.add(seq, bounded=False)  # room for all was checked above
+            stream = RequestStream(self, seq, owner)
+            self._live[seq.ticket] = self._ids[seq.request_id] = stream
+            self._placed.add(stream)
+            streams.append(stream)
+        self._open += len(seqs)
+        self._owned[owner] += len(seqs)
         self._kick_soon()
-        return stream
+        return streams
 
     def cancel(self, request_id: str) -> None:
         """Cancel the running request with this id, if any (its door still closes its stream)."""
@@ -202,10 +193,17 @@ class Scheduler:
         if stream is not None:
             self._end(stream, cancel=True)
 
+    def interrupt(self, error: EngineError) -> None:
+        """End every request the engine still works on with `error` (shutdown's grace is over):
+        their doors then write a proper ending instead of being cut."""
+        for stream in list(self._live.values()):
+            self._end(stream, cancel=True, error=error)
+
     # ------------------------------------------------------------------ streams
 
-    def _end(self, stream: RequestStream, cancel: bool) -> None:
-        """The engine is done with `stream`: forget it, and cancel it between steps if asked."""
+    def _end(self, stream: RequestStream, cancel: bool, error: Optional[EngineError] = None) -> None:
+        """The engine is done with `stream`: forget it, and cancel it between steps if asked
+        (the reader then gets `error`, if given, and the end)."""
         if stream.ended:
             return
         stream.ended = True
@@ -215,15 +213,51 @@ class Scheduler:
             del self._ids[stream.request_id]
         if cancel:
             self._cancelled.append(stream.seq)
-            stream.queue.put_nowait(_DONE)
+            if error is not None:
+                stream.queue.put_nowait(error)
+            stream.queue.put_nowait(DONE)
             self._kick.set()
+
+    def _release(self, stream: RequestStream) -> None:
+        """Give `stream`'s place back to admission (once)."""
+        if stream.placed:
+            stream.placed = False
+            self._placed.discard(stream)
+            self._open -= 1
+            self._owned[stream.owner] -= 1
+            if not self._owned[stream.owner]:
+                del self._owned[stream.owner]
 
     def _close(self, stream: RequestStream) -> None:
         if stream.closed:
             return
         self._end(stream, cancel=True)
         stream.closed = True
-        self._open -= 1
+        self._release(stream)
+
+    def _abandon(self, stream: RequestStream) -> None:
+        """Its reader took nothing for `unread_timeout` s: cancel it, drop what it holds, free its place."""
+        while not stream.queue.empty():
+            stream.queue.get_nowait()
+        error = StreamAbandoned(f"the stream was not read for {self.unread_timeout:g} s; request cancelled")
+        if stream.ended:
+            stream.queue.put_nowait(error)
+            stream.queue.put_nowait(DONE)
+        self._end(stream, cancel=True, error=error)
+        self._release(stream)
+        log.warning("abandoned the unread stream of %s after %g s", clip(stream.request_id), self.unread_timeout)
+        if stream.on_abandon is not None:
+            stream.on_abandon()
+
+    async def _watch_unread(self) -> None:
+        """Abandon streams whose reader has taken nothing for `unread_timeout` while events wait."""
+        period = max(0.05, min(1.0, self.unread_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for stream in [s for s in self._placed if not s.queue.empty()]:
+                if now - stream.read_at > self.unread_timeout:
+                    self._abandon(stream)
 
     def _deliver(self, stream: Optional[RequestStream], ev: Optional[StepEvent]) -> None:
         if stream is None or stream.ended:
@@ -232,14 +266,14 @@ class Scheduler:
             stream.queue.put_nowait(ev)
         if ev is None or ev.finished:
             self._end(stream, cancel=False)
-            stream.queue.put_nowait(_DONE)
+            stream.queue.put_nowait(DONE)
 
     def _fail(self, seq: Sequence, exc: EngineError) -> None:
         stream = self._live.get(seq.ticket)
         if stream is not None:
             self._end(stream, cancel=False)
             stream.queue.put_nowait(exc)
-            stream.queue.put_nowait(_DONE)
+            stream.queue.put_nowait(DONE)
 
     def _apply_cancellations(self) -> None:
         while self._cancelled:
@@ -263,7 +297,7 @@ class Scheduler:
         """Formatter thread: format one step's events, hand them to the event loop to write out.
         The returned event is set once they are in their streams."""
         delivered = threading.Event()
-        formatted = [self._format(ev) for ev in events]
+        formatted = [self._format(ev) for ev in fold(events, self._held, self._live)]
         if not _post(loop, self._deliver_step, formatted, delivered):
             delivered.set()  # no loop left to deliver to: nothing to wait for
         return delivered

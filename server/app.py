@@ -10,6 +10,7 @@ The command line (`celeris serve`) lives in server/cli_commands.py.
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +23,7 @@ from engine.llm import LLM
 from engine.params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.threads import TensorThread
+from server.errors import PortInUse
 from server.guard import Guard
 from server.health import Health
 from server.interceptors import AccessLogInterceptor, GuardInterceptor
@@ -30,11 +32,12 @@ from server.servicer import GenerationServicer
 from server.telemetry import Telemetry
 
 log = structlog.get_logger("celeris")
+TRANSPORT_STREAMS = 1024  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of the gRPC port
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = "[::]"
+    host: str = "127.0.0.1"  # loopback unless asked: "[::]" or "0.0.0.0" serve every interface
     port: int = 50051
     api_token: Optional[str] = None  # bearer token; None disables auth
     rate_limit: float = 0.0  # Generate/GetModelInfo/Tokenize calls per second per client; 0 = off
@@ -42,7 +45,12 @@ class ServerSettings:
     rate_limit_clients: int = 10_000  # bucket table bound; beyond it new clients share one bucket
     trust_forwarded_for: bool = False  # key clients on x-forwarded-for (only behind a proxy that sets it)
     max_streams: Optional[int] = None  # open streams in all (parked ones too); None = max_batch + max_queue
-    max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (finished calls linger a little)
+    max_streams_per_client: Optional[int] = None  # places one client may hold; None = half of max_streams
+    # (at least max_batch), 0 = no share
+    max_streams_per_connection: int = 100  # open gRPC calls per connection (refused with RESOURCE_EXHAUSTED)
+    unread_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cancelled; 0 = never
+    header_timeout_s: float = 10.0  # HTTP: a connection's request line and headers must arrive within this
+    body_timeout_s: float = 30.0  # HTTP: a request body must arrive within this
     max_request_bytes: int = 4 << 20
     drain_seconds: float = 5.0  # NOT_SERVING before stopping, so balancers move traffic away
     grace_seconds: float = 120.0  # in-flight streams get this long to finish on shutdown
@@ -66,7 +74,10 @@ class ServerSettings:
         ms = lambda s: int(s * 1000)  # noqa: E731
         return [
             ("grpc.max_receive_message_length", self.max_request_bytes),
-            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            # The transport's own limit sits well above ours: a stream over it is refused with an
+            # uncounted REFUSED_STREAM (UNAVAILABLE), ours with a counted RESOURCE_EXHAUSTED.
+            ("grpc.max_concurrent_streams", max(TRANSPORT_STREAMS, 2 * self.max_streams_per_connection)),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, never silently shared
             ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)),
             ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -92,13 +103,25 @@ class CelerisServer:
         self._stopped = asyncio.Event()
 
     async def start(self) -> int:
+        """Start everything, or nothing: a failure (a port in use) stops what had started."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop(drain_seconds=0, grace_seconds=0, quiet=True)
+            raise
+
+    async def _start(self) -> int:
         s = self.settings
         self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step, max_open=s.max_streams,
-                                   thread=self.thread)
+                                   thread=self.thread, unread_timeout=s.unread_timeout_s)
+        self.scheduler.max_open_per_owner = client_share(s.max_streams_per_client, self.scheduler.max_open,
+                                                         self.llm.loop.runner.slots)
         self.telemetry.bind_scheduler(self.scheduler)
+        self.scheduler.on_dead = self._cannot_serve
         self.scheduler.start()
-        self.lifecycle = Lifecycle(self.llm, self.scheduler, self.telemetry)
         self.guard = Guard(s.api_token, s.rate_limit, s.rate_burst, s.trust_forwarded_for, s.rate_limit_clients)
+        self.lifecycle = Lifecycle(self.llm, self.scheduler, self.telemetry, self.guard,
+                                   s.max_streams_per_connection)
         interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
@@ -110,11 +133,13 @@ class CelerisServer:
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME], self.grpc)
-        self.port = self.grpc.add_insecure_port(f"{s.host}:{s.port}")
+        self.port = _bound(lambda: self.grpc.add_insecure_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)
         await self.health.set(False)
         await self.grpc.start()
         if s.metrics_port is not None:
-            self._metrics_server = self.telemetry.metrics.serve(s.metrics_port, s.metrics_host or s.host)
+            host = s.metrics_host or s.host
+            self._metrics_server = _bound(lambda: self.telemetry.metrics.serve(s.metrics_port, host),
+                                          "metrics", host, s.metrics_port)
         if s.http_port is not None:
             from server.http_gateway import HttpGateway
 
@@ -128,6 +153,12 @@ class CelerisServer:
                  http_port=self.http.port if self.http else None)
         return self.port
 
+    def _cannot_serve(self) -> None:
+        """The engine can no longer serve (its step worker died): NOT_SERVING, so balancers and
+        Kubernetes move traffic away and restart it; new requests get UNAVAILABLE."""
+        log.error("server.cannot_serve", reason="the step worker ended")
+        asyncio.get_running_loop().create_task(self.health.set(False))
+
     async def _warmup(self) -> None:
         """One tiny generation through the real path, so the first user request is not the slow one."""
         ids = self.llm.encode_prompt([self.llm.tokenizer.eos_id])
@@ -136,25 +167,31 @@ class CelerisServer:
             async for _ in stream:
                 pass
 
-    async def stop(self, drain_seconds: Optional[float] = None, grace_seconds: Optional[float] = None) -> None:
-        """Drain: NOT_SERVING, wait, refuse new work, let in-flight streams finish, stop."""
+    async def stop(self, drain_seconds: Optional[float] = None, grace_seconds: Optional[float] = None,
+                   quiet: bool = False) -> None:
+        """Drain: NOT_SERVING, wait, refuse new work, let in-flight streams finish, stop. Each
+        phase is one log line (server.draining, server.refusing, server.door_closing and
+        server.door_closed per door, server.stopped): tests check the order, not the clock."""
         s = self.settings
         drain = s.drain_seconds if drain_seconds is None else drain_seconds
         grace = s.grace_seconds if grace_seconds is None else grace_seconds
         await self.health.set(False)
-        log.info("server.draining", drain_seconds=drain, grace_seconds=grace)
+        if not quiet:
+            log.info("server.draining", drain_seconds=drain, grace_seconds=grace)
         if drain > 0:
             await asyncio.sleep(drain)
         if self.scheduler is not None:
             self.scheduler.accepting = False  # both doors refuse new work from here on
-        doors = [self.http.stop(grace)] if self.http is not None else []
+        log.info("server.refusing", doors=[d for d, on in (("grpc", self.grpc), ("http", self.http)) if on])
+        doors = [_door("http", self.http.stop(grace))] if self.http is not None else []
         if self.grpc is not None:
-            doors.append(self.grpc.stop(grace))  # new RPCs refused; in-flight ones get `grace` seconds
+            doors.append(_door("grpc", self.grpc.stop(grace)))  # new RPCs refused; in-flight ones get `grace` s
         await asyncio.gather(*doors)  # one grace period for both, not one after the other
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self._metrics_server is not None:
             self._metrics_server[0].shutdown()
+            self._metrics_server[0].server_close()
         log.info("server.stopped")
         self._stopped.set()
 
@@ -166,6 +203,33 @@ class CelerisServer:
 
     async def wait(self) -> None:
         await self._stopped.wait()
+
+
+async def _door(name: str, stopping) -> None:
+    log.info("server.door_closing", door=name)
+    await stopping
+    log.info("server.door_closed", door=name)
+
+
+def _bound(bind, door: str, host: str, port: int):
+    """bind(), with "address in use" (gRPC says so with a RuntimeError) as one PortInUse naming the port."""
+    try:
+        result = bind()
+    except (RuntimeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno != errno.EADDRINUSE:
+            raise
+        raise PortInUse(f"{door} port {port} on {host} is already in use (or cannot be bound)") from None
+    if result == 0 and port != 0:  # older gRPC: 0 instead of an error
+        raise PortInUse(f"{door} port {port} on {host} is already in use (or cannot be bound)")
+    return result
+
+
+def client_share(setting: Optional[int], places: int, batch: int) -> int:
+    """Places one client may hold: the setting, 0 meaning all; by default half of them, but never
+    less than a full batch (one client alone still fills every batch slot)."""
+    if setting is None:
+        return min(places, max(batch, places // 2))
+    return places if setting <= 0 else min(setting, places)
 
 
 async def create_server(llm: LLM, settings: ServerSettings = ServerSettings(port=0),

@@ -67,7 +67,8 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     from server.app import ServerSettings
 
     d = ServerSettings()
-    ap.add_argument("--host", default=d.host, help="bind address (default %(default)s)")
+    ap.add_argument("--host", default=d.host, help="bind address (default %(default)s, this machine only; "
+                    "[::] or 0.0.0.0 for every interface, as the container images do)")
     ap.add_argument("--port", type=int, default=d.port, help="gRPC port (default %(default)s)")
     ap.add_argument("--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP gateway and web page")
     ap.add_argument("--served-model-name", dest="served_model_names", nargs="+", metavar="NAME", default=None,
@@ -76,18 +77,33 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=None,
                     help="let web pages from these origins (https://app.example.com, or *) call the HTTP gateway "
                          "(CORS); default: off, browsers on other origins are refused")
-    ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus /metrics on this port (no token asked: bind it where only the scraper "
+                         "reaches, see --metrics-host)")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
     ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
                     help="require 'authorization: Bearer TOKEN' (default: $CELERIS_API_TOKEN; unset = no auth)")
     ap.add_argument("--rate-limit", type=float, default=0.0,
-                    help="requests/s per client (its bearer token, else its address), burst 20; 0 = off")
+                    help="requests/s per client (its bearer token, else its address), burst 20; a call with n "
+                         "samples counts n; 0 = off")
     ap.add_argument("--trust-forwarded-for", action="store_true",
                     help="key the rate limit on X-Forwarded-For (only behind a proxy that sets it)")
     ap.add_argument("--max-streams", type=int, default=None,
                     help="open streams in all, unread ones included (default: max-batch + max-queue)")
+    ap.add_argument("--max-streams-per-client", type=int, default=None,
+                    help="places (open streams, a call with n samples takes n) one client may hold: its API key, "
+                         "else its address (default: half of --max-streams, at least --max-batch; 0 = no share)")
     ap.add_argument("--max-streams-per-connection", type=int, default=d.max_streams_per_connection,
-                    help="HTTP/2 concurrent streams per gRPC connection (default %(default)s)")
+                    help="open gRPC calls per connection; more get RESOURCE_EXHAUSTED (default %(default)s)")
+    ap.add_argument("--unread-timeout", type=float, default=d.unread_timeout_s, metavar="SECONDS",
+                    help="cancel a stream whose client has read nothing for this long while output waits, and "
+                         "free its place (default %(default)s; 0 = never)")
+    ap.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="SECONDS",
+                    help="HTTP: close a connection whose request line and headers have not all arrived this long "
+                         "after it opened or after its last response (idle keep-alive too) (default %(default)s)")
+    ap.add_argument("--body-timeout", type=float, default=d.body_timeout_s, metavar="SECONDS",
+                    help="HTTP: answer 408 and close when a request body has not all arrived within this "
+                         "(default %(default)s)")
     ap.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default %(default)s)")
     ap.add_argument("--max-queue", type=int, default=64, help="waiting requests before RESOURCE_EXHAUSTED")
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
@@ -129,6 +145,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
+                              max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
+                              header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)

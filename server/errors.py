@@ -13,6 +13,9 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
+from engine.request_stream import StreamAbandoned
+
+MAX_MESSAGE = 1024  # characters of an error message or a violation's description sent back (or logged)
 
 
 class Unauthenticated(EngineError):
@@ -31,6 +34,19 @@ class RequestTooLarge(InvalidRequest):
     """A body over the size limit (gRPC refuses such messages itself, with RESOURCE_EXHAUSTED)."""
 
 
+class RequestTimeout(InvalidRequest):
+    """An HTTP request whose body did not arrive within the body read timeout."""
+
+
+class PortInUse(EngineError):
+    """A door's port is taken by another process (ports are never silently shared)."""
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` cut to `limit` characters: an error never grows with what a client sent."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class Kind:
     grpc: grpc.StatusCode
@@ -44,11 +60,13 @@ INTERNAL = Kind(grpc.StatusCode.INTERNAL, 500, "server_error", "internal_error")
 TABLE: tuple[tuple[type, Kind], ...] = (
     (UnsupportedMediaType, Kind(grpc.StatusCode.INVALID_ARGUMENT, 415, "invalid_request_error", "unsupported_media_type")),
     (ModelNotFound, Kind(grpc.StatusCode.NOT_FOUND, 404, "invalid_request_error", "model_not_found")),
+    (RequestTimeout, Kind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "invalid_request_error", "request_timeout")),
     (RequestTooLarge, Kind(grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "invalid_request_error", "request_too_large")),
     (InvalidRequest, Kind(grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error", "invalid_value")),
     (Unauthenticated, Kind(grpc.StatusCode.UNAUTHENTICATED, 401, "invalid_request_error", "invalid_api_key")),
     (Overloaded, Kind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_error", "rate_limit_exceeded")),
     (Unavailable, Kind(grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "unavailable")),
+    (StreamAbandoned, Kind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "invalid_request_error", "stream_not_read")),
     (ModelLoadError, Kind(grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "unavailable")),
     (StepFailed, INTERNAL),
 )
@@ -76,13 +94,13 @@ def to_status(exc: BaseException) -> grpc.Status:
     details = []
     if isinstance(exc, InvalidRequest):
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+            error_details_pb2.BadRequest.FieldViolation(field=bounded(v.field, 256), description=bounded(v.description))
             for v in exc.violations])))
     if isinstance(exc, Overloaded):
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
-    message = str(exc) if isinstance(exc, EngineError) else f"internal error: {type(exc).__name__}"
+    message = bounded(str(exc)) if isinstance(exc, EngineError) else f"internal error: {type(exc).__name__}"
     return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message,
                                                   details=details))
 
@@ -105,7 +123,9 @@ def to_openai(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
     param = None
     if isinstance(exc, InvalidRequest):
         param = exc.violations[0].field if exc.violations else None
-        extra["field_violations"] = [{"field": f.field, "description": f.description} for f in exc.violations]
+        param = bounded(param, 256) if param else param
+        extra["field_violations"] = [{"field": bounded(f.field, 256), "description": bounded(f.description)}
+                                     for f in exc.violations]
     if isinstance(exc, Overloaded):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     elif isinstance(exc, (Unavailable, ModelLoadError)):
@@ -114,7 +134,7 @@ def to_openai(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
         headers["WWW-Authenticate"] = "Bearer"
     if k is INTERNAL:
         kind = "engine error" if isinstance(exc, EngineError) else "internal error"
-        message = f"{kind}: {exc}" if isinstance(exc, EngineError) else f"{kind}: {type(exc).__name__}"
+        message = f"{kind}: {bounded(str(exc))}" if isinstance(exc, EngineError) else f"{kind}: {type(exc).__name__}"
     else:
-        message = str(exc)
+        message = bounded(str(exc))
     return k.http, error_body(message, k.type, param, k.code, **extra), headers

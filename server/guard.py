@@ -7,11 +7,17 @@ a client can write freely (an unchecked `authorization`, an `x-forwarded-for`) w
 rotate values past the limit. The bucket table is bounded: buckets that have refilled are
 forgotten (a full bucket and a missing one behave alike), and when the table is still full, new
 clients share one overflow bucket instead of each getting a fresh burst.
+
+`check` also names the client for what follows in the same task (`current_client`): admission
+keys each client's share of places on it, and a call with n samples is charged n tokens (one
+here, the rest by server.lifecycle once n is known; a call may overdraw a full bucket, and then
+waits for the debt to refill).
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import hashlib
 import hmac
 import time
@@ -22,6 +28,12 @@ from engine.errors import Overloaded
 from server.errors import Unauthenticated
 
 OVERFLOW = "overflow"
+_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("celeris_client", default="")
+
+
+def current_client() -> str:
+    """The key of the client whose call this task serves ("" where no guard checked it)."""
+    return _CLIENT.get()
 PRUNE_SCAN = 64  # oldest entries looked at per insert into a full table
 
 
@@ -74,16 +86,18 @@ class TokenBuckets:
                 del self._buckets[key]
         return len(self._buckets) < self.max_keys - 1  # one entry stays free for the overflow bucket
 
-    def allow(self, key: str) -> Optional[float]:
-        """None if allowed, else seconds until the next token."""
+    def allow(self, key: str, cost: int = 1) -> Optional[float]:
+        """None if allowed (`cost` tokens taken), else seconds until it would be. A cost above the
+        burst is allowed on a full bucket and leaves it in debt."""
         now = self.clock()
         if key not in self._buckets and len(self._buckets) >= self.max_keys - 1 and not self._make_room(now):
             key = OVERFLOW
         level = self._level(key, now)
         tokens = float(self.burst) if level is None else level
-        self._buckets[key] = (tokens - 1, now) if tokens >= 1 else (tokens, now)
+        need = min(cost, self.burst)
+        self._buckets[key] = (tokens - cost, now) if tokens >= need else (tokens, now)
         self._buckets.move_to_end(key)
-        return None if tokens >= 1 else (1 - tokens) / self.rate
+        return None if tokens >= need else (need - tokens) / self.rate
 
 
 class Guard:
@@ -96,18 +110,27 @@ class Guard:
         self.limiter = TokenBuckets(rate_limit, burst, max_keys, clock) if rate_limit > 0 else None
         self.trust_forwarded_for = trust_forwarded_for
 
-    def check(self, authorization: Union[str, bytes, None], peer: str, forwarded_for: Optional[str] = None) -> None:
+    def check(self, authorization: Union[str, bytes, None], peer: str, forwarded_for: Optional[str] = None) -> str:
+        """Raise Unauthenticated or Overloaded, else name the client (also for `current_client`)."""
         token = bearer_token(authorization)
         authenticated = False
         if self._expected is not None:
             if token is None or not hmac.compare_digest(token, self._expected):
                 raise Unauthenticated("missing or invalid bearer token ('authorization: Bearer ...')")
             authenticated = True
-        if self.limiter is None:
+        key = self.client_key(token if authenticated else None, peer, forwarded_for)
+        _CLIENT.set(key)
+        self.charge(key, 1)
+        return key
+
+    def charge(self, key: str, cost: int) -> None:
+        """Take `cost` more tokens from the client's bucket (a call's further samples), or raise Overloaded."""
+        if self.limiter is None or cost <= 0:
             return
-        wait = self.limiter.allow(self.client_key(token if authenticated else None, peer, forwarded_for))
+        wait = self.limiter.allow(key, cost)
         if wait is not None:
-            raise Overloaded(f"rate limit of {self.limiter.rate:g} requests/s exceeded", wait)
+            raise Overloaded(f"rate limit of {self.limiter.rate:g} requests/s exceeded (a call with n samples is n "
+                             "requests)", wait)
 
     def client_key(self, token: Optional[bytes], peer: str, forwarded_for: Optional[str]) -> str:
         if token is not None:

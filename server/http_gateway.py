@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
-import socket
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
@@ -22,12 +20,14 @@ from typing import Any, Awaitable, Callable, Optional
 import structlog
 from aiohttp import web
 
-from engine.errors import EngineError, FieldViolation, InvalidRequest, Unavailable, clip
+from engine.errors import EngineError, InvalidRequest, Unavailable
 from engine.llm import LLM
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, StepEvent
 from server import openai_api
-from server.errors import RequestTooLarge, UnsupportedMediaType, error_body
+from server.errors import RequestTimeout, error_body
+from server.http_body import read_json
+from server.http_transport import JsonErrorRunner, listening_socket
 from server.guard import Guard
 from server.http_extras import Cors, TokenizerRoutes
 from server.lifecycle import Lifecycle, LiveRequest, merged
@@ -37,7 +37,7 @@ log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = ("/", "/health", "/version")  # no token needed: the page asks for one, probes have none
 PROBE_PATHS = ("/health",)
-PARSE_OFF_LOOP = 64 << 10  # bodies larger than this are parsed in a worker thread
+ENDING_S = 2.0  # after the shutdown grace: time for handlers to write their endings before they are cut
 
 
 def web_page_path() -> Path:
@@ -47,50 +47,12 @@ def web_page_path() -> Path:
     return Path(roots[0] if roots else Path(__file__).parent.parent / "clients") / "web" / "index.html"
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """One bound socket, so port 0 yields one port. "[::]" (the gRPC default) means dual-stack,
-    IPv4 included; where IPv6 is off it falls back to 0.0.0.0."""
-    host = host.strip("[]")
-    if host in ("", "::"):
-        candidates = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")]
-    else:
-        candidates = [(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0], host)]
-    error: OSError = OSError(f"cannot bind {host}:{port}")
-    for family, addr in candidates:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            if family == socket.AF_INET6 and addr == "::":
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((addr, port))
-        except OSError as e:
-            sock.close()
-            error = e
-            continue
-        sock.setblocking(False)
-        return sock
-    raise error
-
-
 def error_json(exc: BaseException) -> web.Response:
     status, body, headers = openai_api.error_response(exc)
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _json_media(content_type: Optional[str]) -> bool:
-    """application/json or any +json type. A browser may post text/plain, form or multipart bodies
-    cross-site without a preflight; none of those are accepted."""
-    mime = (content_type or "").split(";")[0].strip().lower()
-    return mime == "application/json" or mime.endswith("+json")
-
-
-def _parse_json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise InvalidRequest([FieldViolation("body", "JSON nested too deeply")]) from None
-    except ValueError as e:  # JSONDecodeError, undecodable bytes, an integer too long to convert
-        raise InvalidRequest([FieldViolation("body", f"not valid JSON: {str(e)[:120]}")]) from None
+    resp = web.json_response(body, status=status, headers=headers)
+    if isinstance(exc, RequestTimeout):  # a slow sender: answer, then drop the connection
+        resp.force_close()
+    return resp
 
 
 class HttpGateway:
@@ -139,9 +101,18 @@ class HttpGateway:
     async def start(self, port: int) -> None:
         self._page = web_page_path().read_bytes()
         # handler_cancellation: a client that disconnects cancels its handler, hence its request.
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None)
+        # keepalive_timeout: aiohttp closes a connection that has not sent a whole request line and
+        # headers this long after it opened or after its last response (slow senders included).
+        # auto_decompress off: bodies are inflated off the loop, under the size limit (http_body.py).
+        s = self.settings
+        self._runner = JsonErrorRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None,
+                                       keepalive_timeout=s.header_timeout_s, auto_decompress=False)
         await self._runner.setup()
-        sock = _listening_socket(self.settings.host, port)
+        try:
+            sock = listening_socket(s.host, port)
+        except BaseException:
+            await self._runner.cleanup()
+            raise
         await web.SockSite(self._runner, sock).start()
         self.port = sock.getsockname()[1]
         log.info("http.started", port=self.port)
@@ -153,16 +124,26 @@ class HttpGateway:
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
         except asyncio.TimeoutError:
+            # Every stream still running gets an ending: its handler writes an SSE error event and
+            # [DONE], or a JSON 503. Only handlers still stuck after that (a client that does not
+            # read) are cancelled, which drops their connections.
             log.warning("http.grace_expired", inflight=self._inflight)
-            for task in list(self._handlers):
-                task.cancel()
-            try:
-                await asyncio.wait_for(self._idle.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
+            self.scheduler.interrupt(Unavailable("the server stopped before this request finished (shutdown "
+                                                 "grace period over); retry on another replica"))
+            if not await self._settled(ENDING_S):
+                for task in list(self._handlers):
+                    task.cancel()
+                await self._settled(1.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _settled(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     # ------------------------------------------------------------------ middleware
 
@@ -236,21 +217,8 @@ class HttpGateway:
         return await self.complete(request, chat=True)
 
     async def read_json(self, request: web.Request) -> Any:
-        """The request's JSON body: JSON media types only, size-limited, big ones parsed off the loop."""
-        return await self._body(request)
-
-    async def _body(self, request: web.Request) -> Any:
-        if request.headers.get("Content-Type") is not None and not _json_media(request.content_type):
-            raise UnsupportedMediaType([FieldViolation(
-                "Content-Type", f"must be application/json, got {clip(request.content_type)}")])
-        try:
-            raw = await request.read()  # at most client_max_size
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.settings.max_request_bytes
-            raise RequestTooLarge([FieldViolation("body", f"larger than {limit} bytes")]) from None
-        if len(raw) > PARSE_OFF_LOOP:
-            return await asyncio.get_running_loop().run_in_executor(None, _parse_json, raw)
-        return _parse_json(raw)
+        """The request's JSON body (server/http_body.py: media type, size, encoding, timeout)."""
+        return await read_json(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
 
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
@@ -264,7 +232,7 @@ class HttpGateway:
         try:
             try:
                 req = None
-                body = await self._body(request)
+                body = await self.read_json(request)
                 req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
                 reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
@@ -281,7 +249,9 @@ class HttpGateway:
                         return None
                     return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")
 
-                streams = [await life.submit(r, formatter) for life, r in zip(lives, reqs)]
+                streams = await self.lifecycle.submit(lives, reqs, [formatter] * len(reqs))  # all or none
+                for stream in streams:  # a client that stopped reading: drop its connection
+                    stream.on_abandon = task.cancel if task is not None else None
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
                 lives[0].fail(e)

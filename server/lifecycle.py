@@ -2,58 +2,101 @@
 
 A door only translates: its wire request -> `engine.llm.Request`, then
 
-    life = lifecycle.start(...)          # span, log context, metrics
-    stream = await life.submit(request)  # validated once by the engine, tokenized off the event
-                                         # loop, admitted eagerly: errors raise here
+    lives = [lifecycle.start(...)]       # one per sample (n): span, log context, metrics
+    await lifecycle.submit(lives, reqs)  # validated once by the engine, tokenized off the event
+                                         # loop, then admitted all or none: errors raise here
     async for ev in life.events():       # step events, observed once
         ...                              # -> response messages
     life.close()                         # always (a `finally`): cancels what is left, records the outcome
 
 and maps errors through the one table in server/errors.py.
+
+A call's n samples count as n everywhere: places, the client's share (server.guard.current_client
+names the client), the rate limit (the guard charged the call one token; the other n - 1 are
+charged here) and the queue. On gRPC, calls open on one connection are limited here, so that
+refusal is a counted RESOURCE_EXHAUSTED rather than the transport's uncounted REFUSED_STREAM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import AsyncIterator, Callable, Optional
 
-from engine.errors import EngineError
+from engine.errors import EngineError, Overloaded
 from engine.llm import LLM, MAX_REQUEST_ID, Request
 from engine.scheduler import Formatter, RequestStream, Scheduler
 from engine.sequence import Sequence, StepEvent
+from server.guard import Guard, current_client
 from server.telemetry import RequestObserver, Telemetry
+
+FormatterFactory = Callable[[Sequence], Formatter]
 
 
 class Lifecycle:
-    def __init__(self, llm: LLM, scheduler: Scheduler, telemetry: Telemetry):
-        self.llm, self.scheduler, self.telemetry = llm, scheduler, telemetry
+    def __init__(self, llm: LLM, scheduler: Scheduler, telemetry: Telemetry, guard: Optional[Guard] = None,
+                 max_calls_per_connection: int = 0):
+        self.llm, self.scheduler, self.telemetry, self.guard = llm, scheduler, telemetry, guard
+        self.max_calls_per_connection = max_calls_per_connection  # gRPC; 0 = no limit
+        self._calls: collections.Counter[str] = collections.Counter()  # open gRPC calls per connection
 
     def start(self, door: str, name: str, carrier: dict[str, str], peer: str,
               prompt: Optional[str] = None) -> LiveRequest:
         obs = self.telemetry.request(name, carrier, peer, {"celeris.door": door}, prompt)
-        return LiveRequest(self, obs)
+        return LiveRequest(self, obs, peer if door == "grpc" else "")
+
+    async def submit(self, lives: list[LiveRequest], reqs: list[Request],
+                     formatters: Optional[list[Optional[FormatterFactory]]] = None) -> list[RequestStream]:
+        """Build every sample's request (validate + tokenize, in a worker thread), then admit them
+        all or none (Scheduler.submit_group); raises EngineError, recorded on the first sample.
+        `formatters[k](seq)` makes sample k's event formatter, run off the loop: its events then
+        arrive with `formatted` set."""
+        first = lives[0]
+        try:
+            seqs = []
+            for life, req in zip(lives, reqs):
+                if req.request_id:  # logged before validation, so cut to the limit
+                    life.obs.bind(req.request_id[:MAX_REQUEST_ID])
+                seqs.append(await self.llm.build_async(req))
+                life.obs.bind(seqs[-1].request_id, seqs[-1].ticket)
+            self._check_connection(first.connection)
+            client = current_client()
+            if self.guard is not None and len(seqs) > 1:
+                self.guard.charge(client, len(seqs) - 1)  # the call itself paid for one sample
+            makers = formatters or [None] * len(seqs)
+            streams = self.scheduler.submit_group(seqs, [f(seq) if f else None for f, seq in zip(makers, seqs)],
+                                                  client)
+        except EngineError as e:
+            first.obs.fail(e)
+            raise
+        for life, stream in zip(lives, streams):
+            life.stream = stream
+        if first.connection:
+            self._calls[first.connection] += 1
+            first.counted = True
+        return streams
+
+    def _check_connection(self, connection: str) -> None:
+        limit = self.max_calls_per_connection
+        if connection and limit and self._calls[connection] >= limit:
+            raise Overloaded(f"{limit} calls already open on this connection; retry later")
+
+    def _call_ended(self, connection: str) -> None:
+        self._calls[connection] -= 1
+        if self._calls[connection] <= 0:
+            del self._calls[connection]
 
 
 class LiveRequest:
-    def __init__(self, lifecycle: Lifecycle, obs: RequestObserver):
+    def __init__(self, lifecycle: Lifecycle, obs: RequestObserver, connection: str = ""):
         self.lifecycle, self.obs = lifecycle, obs
         self.stream: Optional[RequestStream] = None
+        self.connection = connection  # a gRPC call's peer, port included: one per connection
+        self.counted = False  # counted against its connection's calls
 
-    async def submit(self, req: Request, formatter: Optional[Callable[[Sequence], Formatter]] = None
-                     ) -> RequestStream:
-        """Build (validate + tokenize, in a worker thread) and admit; raises EngineError.
-        `formatter(seq)` makes the request's event formatter, run in the step worker
-        (Scheduler.submit): its events then arrive with `formatted` set."""
-        if req.request_id:  # logged before validation, so cut to the limit
-            self.obs.bind(req.request_id[:MAX_REQUEST_ID])
-        try:
-            seq = await self.lifecycle.llm.build_async(req)
-            self.obs.bind(seq.request_id, seq.ticket)
-            self.stream = self.lifecycle.scheduler.submit(seq, formatter(seq) if formatter else None)
-        except EngineError as e:
-            self.obs.fail(e)
-            raise
-        return self.stream
+    async def submit(self, req: Request, formatter: Optional[FormatterFactory] = None) -> RequestStream:
+        """`Lifecycle.submit` of this one request."""
+        return (await self.lifecycle.submit([self], [req], [formatter]))[0]
 
     async def events(self) -> AsyncIterator[StepEvent]:
         """The stream's events; an engine error mid-stream (a failed step) is recorded and raised."""
@@ -74,6 +117,9 @@ class LiveRequest:
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
+        if self.counted:
+            self.counted = False
+            self.lifecycle._call_ended(self.connection)
         self.obs.end()
 
 

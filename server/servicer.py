@@ -37,8 +37,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 plan = convert.stream_plan(request)
                 reqs = convert.engine_requests(request, self.llm.defaults)
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
-                for k, (life, req) in enumerate(zip(lives, reqs)):  # messages are built off the loop
-                    await life.submit(req, functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k))
+                formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k)
+                              for k in range(len(reqs))]  # messages are built off the loop
+                await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
                 lives[0].fail(e)

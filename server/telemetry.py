@@ -6,7 +6,10 @@
 - Logs: structlog JSON lines (console renderer on a terminal), each carrying request_id,
   trace_id and span_id; prompt text only when log_prompts is on, and cut to MAX_LOGGED_PROMPT.
   The standard library's loggers (the engine's, aiohttp's, grpc's) go through the same renderer,
-  and an exception is a structured `exception` field, never a bare traceback.
+  and an exception is a structured `exception` field, never a bare traceback, and never with its
+  frames' local variables (they hold bearer tokens and prompt text). Logs go through a
+  `SafeSink`: a closed stdout pipe (`celeris serve | tee`, then Ctrl-C) silences them, it never
+  breaks a request or a signal handler.
 - Request spans are started and ended explicitly, never attached to the context: a stream's
   handler may be closed from another context (a client cancel), and detaching there is what made
   OpenTelemetry log "Failed to detach context".
@@ -30,28 +33,65 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from structlog.processors import ExceptionRenderer
+from structlog.tracebacks import ExceptionDictTransformer
+
 from engine.errors import clip
 from engine.scheduler import Scheduler
 from engine.step_loop import StepRecord
 from engine.sequence import StepEvent
 
+MAX_LOGGED_ERROR = 512  # characters of an error message in a log line
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class SafeSink:
+    """A log stream that never raises: once writing fails (a closed pipe, a full disk), log lines
+    are dropped, and a closed stdout is pointed at /dev/null so the interpreter's own last flush
+    is quiet too. Serving and signal handling must not depend on anyone reading the logs."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.broken = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self.stream.write(text)
+            except (OSError, ValueError):  # BrokenPipeError, EIO, ENOSPC; ValueError: closed file
+                self._break()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self._break()
+
+    def _break(self) -> None:
+        self.broken = True
+        try:
+            fd = self.stream.fileno()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def configure_logging(json_logs: Optional[bool] = None, level: str = "INFO", stream=None) -> None:
     """JSON to stdout (or `stream`), or a console renderer when stdout is a terminal."""
     json_logs = (not sys.stdout.isatty()) if json_logs is None else json_logs
+    sink = SafeSink(stream or sys.stdout)
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
               structlog.processors.TimeStamper(fmt="iso", utc=True)]
-    exc = [structlog.processors.dict_tracebacks] if json_logs else []
+    exc = [ExceptionRenderer(ExceptionDictTransformer(show_locals=False))] if json_logs else []
     structlog.configure(
         processors=[*shared, *exc, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(stream), cache_logger_on_first_use=False)
+        logger_factory=structlog.PrintLoggerFactory(sink), cache_logger_on_first_use=False)
     # Standard-library records (engine, aiohttp, grpc, opentelemetry) as the same lines.
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = logging.StreamHandler(sink)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *exc, renderer]))
@@ -174,11 +214,12 @@ class RequestObserver:
         from server.errors import code_name
 
         self.outcome, self.code = "error", code_name(exc)
-        self.span.set_status(Status(StatusCode.ERROR, str(exc)[:256]))
+        error = str(exc)[:MAX_LOGGED_ERROR]
+        self.span.set_status(Status(StatusCode.ERROR, error[:256]))
         if self.code == "INTERNAL":
-            self.tel.log.error("request.failed", code=self.code, error=str(exc), exc_info=exc, **self.log_context)
+            self.tel.log.error("request.failed", code=self.code, error=error, exc_info=exc, **self.log_context)
         else:
-            self.tel.log.warning("request.rejected", code=self.code, error=str(exc), **self.log_context)
+            self.tel.log.warning("request.rejected", code=self.code, error=error, **self.log_context)
 
     def end(self) -> None:
         """Record the outcome; a request that neither finished nor failed was cut short by its client."""

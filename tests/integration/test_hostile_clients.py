@@ -159,16 +159,21 @@ def test_unread_streams_are_bounded_and_count_against_admission(spawn):
           f"server RSS {grown:+.1f} MiB over the last 6 s")
 
 
-def test_per_connection_stream_limit(spawn):
+def test_per_connection_call_limit(spawn):
+    """Calls past --max-streams-per-connection get a counted RESOURCE_EXHAUSTED from the server,
+    not an uncounted REFUSED_STREAM from the transport (whose own limit sits well above)."""
     proc = spawn("--max-batch", "4", "--max-queue", "28", "--max-streams-per-connection", "3")
     conn = ParkingConnection(proc.port)
     try:
         time.sleep(0.3)
-        assert conn.max_concurrent_streams == 3  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+        assert conn.max_concurrent_streams > 3  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
         opened = [conn.open(QUICK) for _ in range(10)]
-        assert opened.count(None) == 7  # the protocol stops the client at 3
-        time.sleep(1.0)
-        assert proc.metrics()["celeris_open_streams"] <= 3
+        assert None not in opened
+        counts = settle([conn], 1.0)
+        metrics = proc.metrics()
+        assert counts.get("parked", 0) == 3 and counts.get("8", 0) == 7, counts
+        assert metrics["celeris_open_streams"] <= 3
+        assert metrics["celeris_requests_total{code=RESOURCE_EXHAUSTED,outcome=error}"] == 7
     finally:
         conn.close()
 
@@ -185,6 +190,9 @@ def _park_http(port: int) -> socket.socket:
 
 
 async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
+    """Both doors refuse new work after the drain, and close within one shared grace period:
+    checked on the phases the server logs, in order (draining, refusing, both doors closing before
+    either is closed, stopped), never on the clock, so a loaded machine cannot fail it."""
     drain, grace = 0.5, 4.0
     http_port = free_port()
     proc = spawn("--http-port", str(http_port), "--max-gen-length", "512", "--drain-seconds", str(drain),
@@ -194,9 +202,11 @@ async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
         stub = pb_grpc.GenerationServiceStub(ch)
         parked_grpc = stub.Generate(PARK, timeout=60)  # never read: outlives the grace period
         await asyncio.sleep(1.0)
-        t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(drain + 0.5)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                r.get("event") == "server.refusing" for r in _records(proc)):
+            await asyncio.sleep(0.1)
         with pytest.raises(grpc.aio.AioRpcError) as e:  # after the drain gRPC refuses new calls...
             await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
@@ -205,14 +215,30 @@ async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
         except OSError:
             status = None  # connection refused: also a refusal
         assert status in (503, None), status
-        code = await asyncio.to_thread(proc.wait, 30)
-        took = time.monotonic() - t_term
+        code = await asyncio.to_thread(proc.wait, 60)
         parked_grpc.cancel()
     parked_http.close()
     assert code == 0
-    assert took < drain + 1.5 * grace, f"exit took {took:.1f} s: the doors drained one after the other"
-    print(f"\nsigterm (HTTP gateway on): both doors refused new work after the {drain} s drain; "
-          f"exit {took:.1f} s after SIGTERM with grace {grace} s")
+    phases = [(r["event"], r.get("door")) for r in _records(proc) if str(r.get("event")).startswith("server.")]
+    names = [p for p, _ in phases]
+    first = {name: names.index(name) for name in ("server.draining", "server.refusing", "server.stopped")}
+    closing = [i for i, (p, _) in enumerate(phases) if p == "server.door_closing"]
+    closed = [i for i, (p, _) in enumerate(phases) if p == "server.door_closed"]
+    assert first["server.draining"] < first["server.refusing"] < min(closing), phases
+    assert sorted(phases[i][1] for i in closing) == ["grpc", "http"] == sorted(phases[i][1] for i in closed)
+    assert max(closing) < min(closed), f"one door waited for the other (two grace periods): {phases}"
+    assert max(closed) < first["server.stopped"], phases
+    print(f"\nsigterm (HTTP gateway on): both doors refused new work after the {drain} s drain; phases {names}")
+
+
+def _records(proc) -> list[dict]:
+    out = []
+    for line in proc.log_path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
 
 
 async def test_logs_stay_json_lines_through_cancels_and_faults(spawn, tmp_path):
