@@ -7,7 +7,7 @@
 - `GET /version`.
 - CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
   origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
-  and its preflight `OPTIONS` answered; any other origin's preflight is refused with 403.
+  and its preflight `OPTIONS` answered, allowing the request headers the preflight asks for; any other origin's preflight is refused with 403.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from server import openai_api
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ALLOW_METHODS = "GET, POST, OPTIONS"
 ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id, traceparent, tracestate"
+MAX_REQUEST_HEADERS = 2048  # longest Access-Control-Request-Headers value echoed back
 EXPOSE_HEADERS = "X-Request-Id, Retry-After"
 
 
@@ -36,6 +37,20 @@ def version() -> str:
 def _error(exc: BaseException) -> web.Response:
     status, body, headers = openai_api.error_response(exc)
     return web.json_response(body, status=status, headers=headers)
+
+
+def allow_headers(headers) -> str:
+    """An allowed origin may send the headers its preflight names (the openai JS SDK sends
+    `x-stainless-*`; vLLM allows any): echo them back, our fixed list when it names none."""
+    asked = headers.get("Access-Control-Request-Headers", "").strip()
+    names = [h.strip() for h in asked.split(",") if h.strip()]
+    if not names or len(asked) > MAX_REQUEST_HEADERS or not all(_is_token(h) for h in names):
+        return ALLOW_HEADERS
+    return ", ".join(names)
+
+
+def _is_token(name: str) -> bool:
+    return all(c.isalnum() or c in "-_" for c in name)
 
 
 class Cors:
@@ -62,9 +77,9 @@ class Cors:
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Origin": self._allow_origin(origin),
                 "Access-Control-Allow-Methods": ALLOW_METHODS,
-                "Access-Control-Allow-Headers": ALLOW_HEADERS,
+                "Access-Control-Allow-Headers": allow_headers(request.headers),
                 "Access-Control-Max-Age": "600",
-                "Vary": "Origin"})
+                "Vary": "Origin, Access-Control-Request-Headers"})
         return await handler(request)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
