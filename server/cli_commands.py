@@ -78,8 +78,11 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                          "(CORS); default: off, browsers on other origins are refused")
     ap.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
-    ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
-                    help="require 'authorization: Bearer TOKEN' (default: $CELERIS_API_TOKEN; unset = no auth)")
+    ap.add_argument("--metrics-on-http-port", action="store_true",
+                    help="also serve Prometheus /metrics on --http-port, as vLLM does on its API port (no token)")
+    ap.add_argument("--api-key", "--api-token", dest="api_token", default=os.environ.get("CELERIS_API_TOKEN"),
+                    help="require 'authorization: Bearer KEY' (vLLM's name; --api-token is the same flag; "
+                         "default: $CELERIS_API_TOKEN; unset = no auth)")
     ap.add_argument("--rate-limit", type=float, default=0.0,
                     help="requests/s per client (its bearer token, else its address), burst 20; 0 = off")
     ap.add_argument("--trust-forwarded-for", action="store_true",
@@ -127,6 +130,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
+                              metrics_on_http=a.metrics_on_http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
                               allowed_origins=tuple(a.allowed_origins or ()),

@@ -1,10 +1,12 @@
 """The HTTP gateway's routes beyond generation, and CORS.
 
-- `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` or chat
-  `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
+- `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` (`add_special_tokens:
+  false` leaves out the BOS) or chat `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
   -> `{"prompt": "..."}`. The same size limits as generation (a prompt that Generate would refuse
   untokenized is refused here too), tokenized off the event loop.
 - `GET /version`.
+- `GET /metrics` (Prometheus text) when `--metrics-on-http-port` asks for it, as vLLM serves it on
+  its API port; public like the separate metrics port (scrapers carry no token).
 - CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
   origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
   and its preflight `OPTIONS` answered, allowing the request headers the preflight asks for; any other origin's preflight is refused with 403.
@@ -32,6 +34,14 @@ def version() -> str:
         return importlib.metadata.version("celeris")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "0+unknown"
+
+
+def _without_bos(tokenizer: Any, prompt: Any, ids: list[int]) -> list[int]:
+    """A text prompt's ids less the BOS `encode` adds (the only special token it adds: user text
+    never becomes special ids); token-id prompts are as given."""
+    if isinstance(prompt, str) and tokenizer.add_bos and ids[:1] == [tokenizer.bos_id]:
+        return ids[1:]
+    return ids
 
 
 def _error(exc: BaseException) -> web.Response:
@@ -93,6 +103,16 @@ class Cors:
                 response.headers.add("Vary", "Origin")
 
 
+def add_metrics_route(app: web.Application, registry: Any) -> None:
+    """Prometheus /metrics on the HTTP gateway's own port (`registry`: the server's CollectorRegistry)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/metrics", metrics)
+
+
 class TokenizerRoutes:
     """`/tokenize`, `/detokenize`, `/version`; `gateway` is the HttpGateway (llm, body reader, names)."""
 
@@ -112,6 +132,7 @@ class TokenizerRoutes:
                 ids = await llm.encode_prompt_async(messages=req.messages)
             else:
                 ids = await llm.encode_prompt_async(req.prompt)
+                ids = ids if req.add_special_tokens else _without_bos(llm.tokenizer, req.prompt, ids)
         except InvalidRequest as e:
             return _error(openai_api.rename_fields(e, None))
         body = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
