@@ -160,6 +160,11 @@ class CelerisServer:
         self._stopped.set()
 
     @property
+    def metrics_port(self) -> Optional[int]:
+        """The bound port of the separate /metrics server, or None without one."""
+        return self._metrics_server[0].server_port if self._metrics_server is not None else None
+
+    @property
     def idle(self) -> bool:
         """No request admitted or being read by either door: a stop needs no drain."""
         http_busy = self.http is not None and self.http.inflight > 0

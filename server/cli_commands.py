@@ -116,7 +116,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
-    configure_threads(a.threads, serving=True)
+    threads = configure_threads(a.threads, serving=True)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
     # The model is loaded on the thread that will run every step (engine/threads.py: one OpenMP
@@ -136,17 +136,19 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
-    asyncio.run(_serve(llm, settings, telemetry, thread))
+    asyncio.run(_serve(llm, settings, telemetry, thread, threads))
     return 0
 
 
-async def _serve(llm, settings, telemetry, thread=None) -> None:
+async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> None:
     import structlog
 
     from server.app import create_server
+    from server.startup import log_startup
 
     log = structlog.get_logger("celeris")
     server, _ = await create_server(llm, settings, telemetry, thread)
+    log_startup(log, server, settings, llm, threads)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task] = []
 
