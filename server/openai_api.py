@@ -302,15 +302,13 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
 
 
 def _include_usage(body: dict) -> bool:
-    """OpenAI's `stream_options: {"include_usage": true}` (only with `stream: true`)."""
+    """OpenAI's `stream_options: {"include_usage": true}`; accepted and moot without `stream: true`."""
     opts = body.get("stream_options")
     if opts is None:
         return False
     if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), (bool, type(None))):
         raise InvalidRequest([FieldViolation("stream_options", 'must be an object like {"include_usage": true}')])
-    if opts.get("include_usage") and not body.get("stream"):
-        raise InvalidRequest([FieldViolation("stream_options", "only valid with stream: true")])
-    return bool(opts.get("include_usage"))
+    return bool(opts.get("include_usage")) and bool(body.get("stream"))  # without a stream: usage is in the body
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,13 @@ def test_include_usage_ends_with_an_empty_choices_chunk(tiny_live, chat):
     assert all(ch.choices for ch in plain)
 
 
-def test_include_usage_needs_a_stream(tiny_live):
+def test_include_usage_without_a_stream_is_accepted_and_moot(tiny_live):
     llm, s = tiny_live
-    status, err = post(s.http_url + "/v1/completions", {"prompt": PROSE, "stream_options": {"include_usage": True}})
+    status, body = post(s.http_url + "/v1/completions", {"prompt": PROSE, "max_tokens": 4,
+                                                          "stream_options": {"include_usage": True}})
+    assert status == 200 and len(body["choices"]) == 1 and body["usage"]["completion_tokens"] >= 0
+    status, err = post(s.http_url + "/v1/completions", {"prompt": PROSE, "stream": True,
+                                                        "stream_options": {"include_usage": "yes"}})
     assert status == 400 and err["error"]["param"] == "stream_options"
 
 
