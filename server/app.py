@@ -61,6 +61,7 @@ class ServerSettings:
     max_connection_age_grace_s: float = 150.0
     metrics_port: Optional[int] = None
     metrics_host: Optional[str] = None  # None: the gRPC host
+    metrics_on_http: bool = False  # also serve /metrics on the HTTP gateway's port (as vLLM does)
     http_port: Optional[int] = None
     allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
@@ -194,6 +195,11 @@ class CelerisServer:
             self._metrics_server[0].server_close()
         log.info("server.stopped")
         self._stopped.set()
+
+    @property
+    def metrics_port(self) -> Optional[int]:
+        """The bound port of the separate /metrics server, or None without one."""
+        return self._metrics_server[0].server_port if self._metrics_server is not None else None
 
     @property
     def idle(self) -> bool:

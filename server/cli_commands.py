@@ -81,8 +81,11 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                     help="serve Prometheus /metrics on this port (no token asked: bind it where only the scraper "
                          "reaches, see --metrics-host)")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
-    ap.add_argument("--api-token", default=os.environ.get("CELERIS_API_TOKEN"),
-                    help="require 'authorization: Bearer TOKEN' (default: $CELERIS_API_TOKEN; unset = no auth)")
+    ap.add_argument("--metrics-on-http-port", action="store_true",
+                    help="also serve Prometheus /metrics on --http-port, as vLLM does on its API port (no token)")
+    ap.add_argument("--api-key", "--api-token", dest="api_token", default=os.environ.get("CELERIS_API_TOKEN"),
+                    help="require 'authorization: Bearer KEY' (vLLM's name; --api-token is the same flag; "
+                         "default: $CELERIS_API_TOKEN; unset = no auth)")
     ap.add_argument("--rate-limit", type=float, default=0.0,
                     help="requests/s per client (its bearer token, else its address), burst 20; a call with n "
                          "samples counts n; 0 = off")
@@ -129,7 +132,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
-    configure_threads(a.threads, serving=True)
+    threads = configure_threads(a.threads, serving=True)
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
     # The model is loaded on the thread that will run every step (engine/threads.py: one OpenMP
@@ -143,6 +146,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
+                              metrics_on_http=a.metrics_on_http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
                               max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
@@ -150,17 +154,19 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
-    asyncio.run(_serve(llm, settings, telemetry, thread))
+    asyncio.run(_serve(llm, settings, telemetry, thread, threads))
     return 0
 
 
-async def _serve(llm, settings, telemetry, thread=None) -> None:
+async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> None:
     import structlog
 
     from server.app import create_server
+    from server.startup import log_startup
 
     log = structlog.get_logger("celeris")
     server, _ = await create_server(llm, settings, telemetry, thread)
+    log_startup(log, server, settings, llm, threads)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task] = []
 

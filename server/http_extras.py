@@ -1,13 +1,15 @@
 """The HTTP gateway's routes beyond generation, and CORS.
 
-- `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` or chat
-  `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
+- `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` (`add_special_tokens:
+  false` leaves out the BOS) or chat `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
   -> `{"prompt": "..."}`. The same size limits as generation (a prompt that Generate would refuse
   untokenized is refused here too), tokenized off the event loop.
 - `GET /version`.
+- `GET /metrics` (Prometheus text) when `--metrics-on-http-port` asks for it, as vLLM serves it on
+  its API port; public like the separate metrics port (scrapers carry no token).
 - CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
   origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
-  and its preflight `OPTIONS` answered; any other origin's preflight is refused with 403.
+  and its preflight `OPTIONS` answered, allowing the request headers the preflight asks for; any other origin's preflight is refused with 403.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from server import openai_api
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ALLOW_METHODS = "GET, POST, OPTIONS"
 ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id, traceparent, tracestate"
+MAX_REQUEST_HEADERS = 2048  # longest Access-Control-Request-Headers value echoed back
 EXPOSE_HEADERS = "X-Request-Id, Retry-After"
 
 
@@ -33,9 +36,31 @@ def version() -> str:
         return "0+unknown"
 
 
+def _without_bos(tokenizer: Any, prompt: Any, ids: list[int]) -> list[int]:
+    """A text prompt's ids less the BOS `encode` adds (the only special token it adds: user text
+    never becomes special ids); token-id prompts are as given."""
+    if isinstance(prompt, str) and tokenizer.add_bos and ids[:1] == [tokenizer.bos_id]:
+        return ids[1:]
+    return ids
+
+
 def _error(exc: BaseException) -> web.Response:
     status, body, headers = openai_api.error_response(exc)
     return web.json_response(body, status=status, headers=headers)
+
+
+def allow_headers(headers) -> str:
+    """An allowed origin may send the headers its preflight names (the openai JS SDK sends
+    `x-stainless-*`; vLLM allows any): echo them back, our fixed list when it names none."""
+    asked = headers.get("Access-Control-Request-Headers", "").strip()
+    names = [h.strip() for h in asked.split(",") if h.strip()]
+    if not names or len(asked) > MAX_REQUEST_HEADERS or not all(_is_token(h) for h in names):
+        return ALLOW_HEADERS
+    return ", ".join(names)
+
+
+def _is_token(name: str) -> bool:
+    return all(c.isalnum() or c in "-_" for c in name)
 
 
 class Cors:
@@ -62,9 +87,9 @@ class Cors:
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Origin": self._allow_origin(origin),
                 "Access-Control-Allow-Methods": ALLOW_METHODS,
-                "Access-Control-Allow-Headers": ALLOW_HEADERS,
+                "Access-Control-Allow-Headers": allow_headers(request.headers),
                 "Access-Control-Max-Age": "600",
-                "Vary": "Origin"})
+                "Vary": "Origin, Access-Control-Request-Headers"})
         return await handler(request)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -76,6 +101,16 @@ class Cors:
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
             if "Origin" not in response.headers.getall("Vary", ()):
                 response.headers.add("Vary", "Origin")
+
+
+def add_metrics_route(app: web.Application, registry: Any) -> None:
+    """Prometheus /metrics on the HTTP gateway's own port (`registry`: the server's CollectorRegistry)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/metrics", metrics)
 
 
 class TokenizerRoutes:
@@ -97,6 +132,7 @@ class TokenizerRoutes:
                 ids = await llm.encode_prompt_async(messages=req.messages)
             else:
                 ids = await llm.encode_prompt_async(req.prompt)
+                ids = ids if req.add_special_tokens else _without_bos(llm.tokenizer, req.prompt, ids)
         except InvalidRequest as e:
             return _error(openai_api.rename_fields(e, None))
         body = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,

@@ -29,13 +29,13 @@ from server.errors import RequestTimeout, error_body
 from server.http_body import read_json
 from server.http_transport import JsonErrorRunner, listening_socket
 from server.guard import Guard
-from server.http_extras import Cors, TokenizerRoutes
+from server.http_extras import Cors, TokenizerRoutes, add_metrics_route
 from server.lifecycle import Lifecycle, LiveRequest, merged
-from server.openai_responses import Responder, merge_finals, sse
+from server.openai_responses import Responder, merge_finals, sse, usage_chunk
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = ("/", "/health", "/version")  # no token needed: the page asks for one, probes have none
+PUBLIC_PATHS = ("/", "/health", "/version", "/metrics")  # no token needed: the page asks for one, probes and scrapers have none
 PROBE_PATHS = ("/health",)
 ENDING_S = 2.0  # after the shutdown grace: time for handlers to write their endings before they are cut
 
@@ -90,6 +90,8 @@ class HttpGateway:
         if cors.allowed:
             app.on_response_prepare.append(cors.on_prepare)
         TokenizerRoutes(self).add_to(app)
+        if getattr(self.settings, "metrics_on_http", False):
+            add_metrics_route(app, self.lifecycle.telemetry.metrics.registry)
         app.router.add_get("/", self.page)
         app.router.add_get("/health", self.healthz)
         app.router.add_get("/v1/models", self.models)
@@ -261,7 +263,7 @@ class HttpGateway:
                 return error_json(e)
             rid = streams[0].request_id
             if req.stream:
-                return await self._stream(request, responders, lives)
+                return await self._stream(request, responders, lives, req.n if req.include_usage else 0)
             try:
                 finals = await asyncio.gather(*(self._last(life) for life in lives))
             except EngineError as e:
@@ -294,9 +296,10 @@ class HttpGateway:
         return last
 
     async def _stream(self, request: web.Request, responders: list[Responder],
-                      lives: list[LiveRequest]) -> web.StreamResponse:
+                      lives: list[LiveRequest], usage_n: int = 0) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
-        already built by each choice's formatter in the formatter thread."""
+        already built by each choice's formatter in the formatter thread; `usage_n` (the request's
+        n) > 0: OpenAI's include_usage chunk (empty choices) before [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
         await resp.prepare(request)
@@ -309,6 +312,8 @@ class HttpGateway:
                         break
                     if ev.formatted is not None:
                         await resp.write(ev.formatted)
+                if usage_n and (last := usage_chunk(responders, usage_n)) is not None:
+                    await resp.write(sse(last))
             except EngineError as e:  # headers are sent: the error becomes the last event
                 await resp.write(sse(openai_api.error_response(e)[1]))
             await resp.write(sse("[DONE]"))

@@ -44,8 +44,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "response_format": ({"type": "text"},), "tools": ([],),
     "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
-# Known fields that change nothing here: metadata, streaming options (usage always comes with the
-# last chunk), and tool settings that only matter with tools.
+# Known fields that change nothing here: metadata and tool settings that only matter with tools.
+# stream_options: include_usage adds OpenAI's usage-only last chunk (usage also rides the last choice chunk).
 ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
 OPENAI_KNOBS = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stop")
 EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing")
@@ -69,6 +69,7 @@ class GatewayRequest:
     echo: bool = False  # completions: the prompt's text before each choice's text
     model: str = ""  # the served name the client asked for (echoed in responses), else the first
     diffusing_format: str = "delta"  # with diffusing: "delta" (changed positions) or "full" (whole canvas)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with empty choices and the usage
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -292,7 +293,18 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     params = fit_lengths(defaults, given)  # max_tokens alone: steps and block fitted to it
     diffusing = body.get("diffusing")
     return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
-                          length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta")
+                          length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta",
+                          _include_usage(body))
+
+
+def _include_usage(body: dict) -> bool:
+    """OpenAI's `stream_options: {"include_usage": true}`; accepted and moot without `stream: true`."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), (bool, type(None))):
+        raise InvalidRequest([FieldViolation("stream_options", 'must be an object like {"include_usage": true}')])
+    return bool(opts.get("include_usage")) and bool(body.get("stream"))  # without a stream: usage is in the body
 
 
 @dataclass(frozen=True)
@@ -302,6 +314,7 @@ class TokenizeRequest:
     prompt: Optional[Union[str, list[int]]]
     messages: Optional[list[dict]]
     return_token_strs: bool
+    add_special_tokens: bool = True  # a text prompt's BOS (vLLM's default True; chat: the template's own)
 
 
 def parse_tokenize(body: Any, models: Sequence[str] = ()) -> TokenizeRequest:
@@ -316,8 +329,12 @@ def parse_tokenize(body: Any, models: Sequence[str] = ()) -> TokenizeRequest:
     strs = body.get("return_token_strs", False)
     if not isinstance(strs, (bool, type(None))):
         v.append(FieldViolation("return_token_strs", f"must be a boolean, got {clip(strs)}"))
-    # Only what Generate would do with the same input: its special tokens and generation prompt.
-    for name, default in (("add_special_tokens", not chat), ("add_generation_prompt", True)):
+    # A text prompt may drop its BOS (vLLM's add_special_tokens: false); chat keeps what Generate does.
+    special = body.get("add_special_tokens", not chat)
+    if not isinstance(special, (bool, type(None))):
+        v.append(FieldViolation("add_special_tokens", f"must be a boolean, got {clip(special)}"))
+    fixed = (("add_special_tokens", False), ("add_generation_prompt", True)) if chat else (("add_generation_prompt", True),)
+    for name, default in fixed:
         if body.get(name, default) not in (default, None):
             v.append(FieldViolation(name, f"is not supported by this server (only {default!r})"))
     v += _unknown(body, TOKENIZE_FIELDS)
@@ -328,7 +345,7 @@ def parse_tokenize(body: Any, models: Sequence[str] = ()) -> TokenizeRequest:
     prompt = prompts[0] if len(prompts) == 1 else None
     if v:
         raise InvalidRequest(v)
-    return TokenizeRequest(prompt, messages, bool(strs))
+    return TokenizeRequest(prompt, messages, bool(strs), special is not False)
 
 
 def parse_detokenize(body: Any, models: Sequence[str] = ()) -> list[int]:

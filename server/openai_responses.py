@@ -63,6 +63,20 @@ def merge_finals(bodies: list[dict[str, Any]], n: int) -> dict[str, Any]:
     return body
 
 
+def usage_chunk(responders: list["Responder"], n: int) -> Optional[dict[str, Any]]:
+    """OpenAI's `stream_options.include_usage` last chunk: empty `choices`, the usage of every
+    choice summed (each prompt counted once); None if a choice never finished."""
+    if not responders or any(r.usage is None for r in responders):
+        return None
+    first = responders[0]
+    prompt = sum(r.usage["prompt_tokens"] for r in responders[::n])
+    completion = sum(r.usage["completion_tokens"] for r in responders)
+    body = first._envelope([], chunk=True)
+    body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                     "forward_passes": sum(r.usage["forward_passes"] for r in responders)}
+    return body
+
+
 def sse(data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
@@ -74,6 +88,7 @@ class Responder:
     def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = (),
                  index: int = 0, echo: str = "", provisional: bool = False):
         self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
+        self.usage: Optional[dict[str, Any]] = None  # set with the last chunk (stream_options.include_usage)
         self.provisional = provisional  # delta diffusing events carry the block's predictions
         self.index, self.echo = index, echo  # the choice this responder builds; completions' echoed prompt
         # Plain streaming holds back this many trailing characters until the end: a stop string
@@ -137,7 +152,7 @@ class Responder:
         if extra:
             body["celeris"] = extra
         if ev.finished:
-            body["usage"] = usage(ev)
+            body["usage"] = self.usage = usage(ev)
         return body
 
     def plain_chunk(self, ev: StepEvent) -> Optional[dict[str, Any]]:

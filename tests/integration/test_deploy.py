@@ -233,7 +233,8 @@ def test_overlays_pick_their_device_image_and_resources():
 
     assert (a_cpu.device, a_cpu.dtype, a_cpu.model) == ("cpu", "float32", None)  # embedded celeris-tiny
     cpu_limits = container(cpu)["resources"]["limits"]
-    assert "nvidia.com/gpu" not in cpu_limits and a_cpu.threads <= int(cpu_limits["cpu"])
+    assert "nvidia.com/gpu" not in cpu_limits
+    assert a_cpu.threads == int(cpu_limits["cpu"]) - 1  # one core left to the event loop
 
     assert a_gpu.device.startswith("cuda") and a_gpu.dtype == "bfloat16" and str(a_gpu.model) == "/models"
     c, pod = container(gpu), one(gpu, "Deployment")["spec"]["template"]["spec"]
@@ -242,6 +243,15 @@ def test_overlays_pick_their_device_image_and_resources():
     assert pod["nodeSelector"]
     (models,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/models"]
     assert models["readOnly"] is True
+
+
+def test_rolling_updates_fit_the_nodes():
+    """CPU: a new replica is ready before an old one drains. GPU: no surge replica, which would
+    need a spare GPU node; one old replica goes at a time."""
+    cpu = one(render("overlays/cpu"), "Deployment")["spec"]["strategy"]
+    gpu = one(render("overlays/gpu"), "Deployment")["spec"]["strategy"]
+    assert cpu["type"] == "RollingUpdate" and cpu["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert gpu["type"] == "RollingUpdate" and gpu["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
 # ---------------------------------------------------------------- Dockerfiles

@@ -1,7 +1,7 @@
 """Hostile clients against a real `celeris serve` process on loopback (issue 13).
 
-Each test is bounded in count and time and prints its figures (run with -s); the README's
-reliability table quotes them. Thresholds are loose on purpose (a shared 2-core machine): each
+Each test is bounded in count and time and prints its figures (run with -s); the reliability
+table in docs/operations.md quotes them. Thresholds are loose on purpose (a shared 2-core machine): each
 is several times what the fixed server needs and a fraction of what the old one took.
 """
 

@@ -70,7 +70,8 @@ def test_detokenize_round_trips(live, tiny_llm):
     ("/tokenize", {"messages": [{"role": "user", "content": "x" * 10_000}]}, "messages"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_special_tokens": True}, "add_special_tokens"),
     ("/tokenize", {"prompt": "x", "truncate": 3}, "truncate"),
     ("/detokenize", {"tokens": [1] * 10_000}, "tokens"),  # more than a request can hold
     ("/detokenize", {"tokens": [-1, 10**9]}, "tokens"),

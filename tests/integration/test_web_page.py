@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,81 @@ def test_browser_reproduces_a_seed_past_2_53(live, browser):
     exact = run(seed)
     assert exact["celeris"]["seed"] == seed and exact["choices"][0]["text"] == page_text
     assert run(int(seed))["choices"][0]["text"] == page_text  # a number in the request is the same seed
+
+
+def run_page(browser, timeout: float = 60) -> str:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.find_element("id", "go").click()
+    WebDriverWait(browser, timeout).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                          in ("done", "error"))
+    return browser.find_element("tag name", "body").get_attribute("data-state")
+
+
+def test_generate_clears_at_once_errors_on_a_blank_canvas_and_fields_by_their_labels(live, browser, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(live.http_url + "/")
+    WebDriverWait(browser, 30).until(lambda d: "model" in d.find_element("id", "model").text)
+    browser.find_element("xpath", "//input[@value='completion']/..").click()
+    fill(browser, "prompt", "It is a truth universally")
+    for field, value in (("max_tokens", "32"), ("steps", "16"), ("block_length", "16"), ("seed", "7")):
+        fill(browser, field, value)
+    assert run_page(browser) == "done"
+    # Completion mode: the prompt, dim, before the text that continues it.
+    echo = browser.find_element("id", "echo")
+    assert echo.text == "It is a truth universally"
+    assert float(echo.value_of_css_property("opacity")) < 1
+    assert browser.find_element("id", "canvas").text and browser.find_element("id", "step").text != "–"
+    browser.save_screenshot(str(tmp_path / "done.png"))
+
+    # An over-long canvas: the server refuses it (400). The click clears canvas and counters at once,
+    # before any answer, and the error shows on the blank canvas, naming the field as labelled.
+    fill(browser, "max_tokens", "100000")
+    fill(browser, "block_length", "")
+    right_after = browser.execute_script("""
+        document.getElementById('go').click();  // generate() runs up to its fetch synchronously
+        const c = document.getElementById('canvas');
+        return {children: c.children.length, step: document.getElementById('step').textContent,
+                masked: document.getElementById('masked').textContent, final: document.getElementById('final').textContent,
+                width: document.getElementById('progress').style.width};""")
+    assert right_after == {"children": 0, "step": "–", "masked": "–", "final": "", "width": "0%"}
+    WebDriverWait(browser, 60).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                     in ("done", "error"))
+    error = browser.find_element("id", "error").text
+    browser.save_screenshot(str(tmp_path / "error.png"))
+    if os.environ.get("CELERIS_SCREENSHOTS"):
+        shutil.copy(tmp_path / "done.png", os.environ["CELERIS_SCREENSHOTS"] + "/done.png")
+        shutil.copy(tmp_path / "error.png", os.environ["CELERIS_SCREENSHOTS"] + "/error.png")
+    assert error.startswith("400") and "Tokens (canvas)" in error, error
+    assert "gen_length" not in error and "max_tokens" not in error, error
+    assert browser.find_element("id", "canvas").text == "" and browser.find_element("id", "final").text == ""
+
+
+def test_page_has_a_favicon_the_browser_can_draw(live, browser):
+    browser.get(live.http_url + "/")
+    href = browser.execute_script("return document.querySelector('link[rel=icon]').href")
+    assert href.startswith("data:image/svg+xml,")  # inline: no request, no route
+    size = browser.execute_async_script("""
+        const done = arguments[0], img = new Image();
+        img.onload = () => done([img.naturalWidth, img.naturalHeight]); img.onerror = () => done(null);
+        img.src = document.querySelector('link[rel=icon]').href;""")
+    assert size and size[0] > 0 and size[1] > 0
+
+
+def test_the_default_prompt_is_one_the_embedded_model_answers():
+    """The page opens in chat mode with a question celeris-tiny answers (its skill, two-digit
+    addition); docs/models.md has the measurement behind the choice."""
+    import re
+
+    from engine.llm import LLM
+    from engine.params import fit_lengths
+
+    page = (Path(__file__).resolve().parents[2] / "clients" / "web" / "index.html").read_text()
+    prompt = re.search(r'<textarea id="prompt"[^>]*>([^<]*)</textarea>', page).group(1)
+    assert re.search(r'name="mode" value="chat" checked', page)
+    a, b = map(int, re.fullmatch(r"What is (\d+)\+(\d+)\?", prompt).groups())
+    llm = LLM.load("celeris-tiny")
+    params = fit_lengths(llm.defaults, {"gen_length": 64, "seed": 0, "temperature": 0.0})
+    (out,) = llm.generate([llm.encode_prompt(messages=[{"role": "user", "content": prompt}])], params)
+    assert out.text.strip() == str(a + b)
