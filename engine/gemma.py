@@ -236,15 +236,23 @@ class DiffusionGemma(nn.Module):
 
     @torch.no_grad()
     def denoise(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
-        """Bidirectional pass over the canvas, reading the cache.  canvas: (1, L) -> logits (1, L, V) float32"""
-        L = canvas.shape[1]
-        pos = torch.arange(cache.length, cache.length + L)
+        """Bidirectional pass over one request's canvas.  canvas: (1, L) -> logits (1, L, V) float32"""
+        return self.denoise_rows(canvas, [cache], [None if sc_logits is None else sc_logits[0]])
+
+    @torch.no_grad()
+    def denoise_rows(self, canvas: torch.Tensor, caches: list[KVCache],
+                     sc_logits: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """One forward over several requests' canvases, each reading its own cache and conditioned on
+        its own previous logits (None on a canvas's first step). Rows whose caches differ in length
+        pad the keys and mask the padding out.  canvas: (B, L) -> (B, L, V)"""
+        B, L = canvas.shape
+        pos = torch.stack([torch.arange(c.length, c.length + L) for c in caches])  # (B, L)
         h = self._conditioned(self.embed_ids(canvas), sc_logits)
         for i, layer in enumerate(self.layers):
-            cos, sin = rope_tables(layer.self_attn.shape, pos[None])
+            cos, sin = rope_tables(layer.self_attn.shape, pos)
             q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
-            k_all, v_all = cache.joined(i, k, v)
-            h = h + layer.post_attention_layernorm(layer.self_attn.attend(q, k_all, v_all, None))
+            k_all, v_all, bias = _padded_keys(caches, i, k, v)
+            h = h + layer.post_attention_layernorm(layer.self_attn.attend(q, k_all, v_all, bias))
             h = layer.feed_forward(h, layer.layer_scalar)
         h = self.norm(h)
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
@@ -252,13 +260,29 @@ class DiffusionGemma(nn.Module):
         cap = self.cfg.logit_softcap
         return torch.tanh(logits / cap) * cap
 
-    def _conditioned(self, x: torch.Tensor, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
-        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input."""
+    def _conditioned(self, x: torch.Tensor, sc_logits: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input.
+        Row by row, so a row's soft embedding is computed exactly as it is alone.  x: (B, L, D)"""
         w = self.embed.weight
-        if sc_logits is None:
-            soft = torch.zeros_like(x)
-        else:
-            probs = torch.softmax(sc_logits, dim=-1, dtype=torch.float32).to(w.dtype)
-            soft = torch.matmul(probs, w) * torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
+        scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
+        soft = torch.zeros_like(x)
+        for r, lg in enumerate(sc_logits):
+            if lg is not None:  # (L, V)
+                soft[r] = torch.matmul(torch.softmax(lg[None], dim=-1, dtype=torch.float32).to(w.dtype), w)[0] * scale
         signal = self.self_conditioning(self.self_conditioning_pre_norm(soft))
         return rms_norm(x + signal, None, self.cfg.rms_norm_eps)
+
+
+def _padded_keys(caches: list[KVCache], i: int, k: torch.Tensor, v: torch.Tensor):
+    """Each row's cached keys then its canvas keys, right-padded to the longest row.  No bias (None)
+    when every row has the same length: the same shapes as a request alone."""
+    rows = [c.joined(i, k[r:r + 1], v[r:r + 1]) for r, c in enumerate(caches)]
+    lengths = [kk.shape[2] for kk, _ in rows]
+    longest = max(lengths)
+    if all(n == longest for n in lengths):
+        return torch.cat([kk for kk, _ in rows]), torch.cat([vv for _, vv in rows]), None
+    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
+    bias = torch.zeros(len(rows), 1, 1, longest, dtype=k.dtype)
+    for r, n in enumerate(lengths):
+        bias[r, :, :, n:] = torch.finfo(k.dtype).min
+    return torch.cat([pad(kk) for kk, _ in rows]), torch.cat([pad(vv) for _, vv in rows]), bias

@@ -81,6 +81,17 @@ class ReviseSequence:
         self._new_canvas()
 
 
+def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> None:
+    """One forward for every unfinished request, whatever its canvas and step."""
+    rows = [s for s in seqs if not s.finished]
+    if not rows:
+        return
+    canvas = torch.stack([s.canvas for s in rows])
+    logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])
+    for s, lg in zip(rows, logits):
+        s.advance(lg)
+
+
 def generate(model: DiffusionGemma, prompt: list[int], params: ReviseParams, seed: int, max_new_tokens: int,
              eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> list[int]:
     """The reference loop for one request: what the runner must reproduce step for step."""

@@ -103,3 +103,23 @@ def test_unsupported_text_options_are_refused():
         gemma_config(raw)
     with pytest.raises(ModelLoadError, match="text_config"):
         gemma_config({"architectures": ["DiffusionGemmaForBlockDiffusion"]})
+
+
+def test_batched_rows_decode_what_they_decode_alone(pair):
+    """Rows of different prompts, seeds, settings and lengths join at different steps, share every
+    forward, and finish at different steps: each decodes exactly its solo text."""
+    from engine.revise_sequence import step_rows
+
+    ours, _ = pair
+    jobs = [(PROMPTS[0], 0, "steps", 16), (PROMPTS[1], 3, "rule", 10), (PROMPTS[2], 5, "confident", 16),
+            (PROMPTS[1], 7, "steps", 5)]
+    solo = [generate(ours, pr, PARAMS[pn], seed, new, (), 0) for pr, seed, pn, new in jobs]
+    seqs, step = [], 0
+    while len(seqs) < len(jobs) or not all(s.finished for s in seqs):
+        if step % 2 == 0 and len(seqs) < len(jobs):  # a new request joins every other step
+            pr, seed, pn, new = jobs[len(seqs)]
+            seqs.append(ReviseSequence(ours, pr, PARAMS[pn], seed, new, (), 0))
+        step_rows(ours, seqs)
+        step += 1
+    assert [s.final for s in seqs] == solo
+    assert len({s.steps for s in seqs}) > 1  # they finished at different steps
