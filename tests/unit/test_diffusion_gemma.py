@@ -92,7 +92,7 @@ def test_logits_match_the_reference_forward(pair):
     assert torch.equal(ours.denoise(canvas, kv, None), want)
 
 
-def test_vision_tower_is_left_out_and_said(pair, caplog):
+def test_vision_tower_is_left_out_and_said(pair):
     ours, _ = pair
     assert ours.cfg.left_out == ("vision_config",)
 
