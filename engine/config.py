@@ -114,6 +114,7 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], name: str = "model") -> ModelConfig:
+        _refuse_unknown_architectures(raw)
         archs = [a.lower() for a in raw.get("architectures", [])]
         is_dream = raw.get("model_type") == "Dream" or any("dream" in a for a in archs)
         if raw.get("model_type") == "sdar" or "sdarforcausallm" in archs:
@@ -260,6 +261,22 @@ def _llada2_config(raw: dict[str, Any], name: str) -> ModelConfig:
         first_dense_layers=int(raw.get("first_k_dense_replace", 0)), n_group=int(raw.get("n_group", 8)),
         topk_group=int(raw.get("topk_group", 4)), routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
         name=str(raw.get("name", name)))
+
+
+# The `architectures` names this engine serves. A config naming anything else is refused at load
+# rather than guessed from its keys (a relabelled Qwen2-style config used to be served as Dream).
+KNOWN_ARCHITECTURES = ("LLaDAModelLM", "DreamModel", "SDARForCausalLM", "LLaDA2MoeModelLM")
+
+
+def _refuse_unknown_architectures(raw: dict[str, Any]) -> None:
+    archs = raw.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelLoadError(f"config.json: 'architectures' must be a list, got {archs!r}")
+    unknown = [a for a in archs if a not in KNOWN_ARCHITECTURES]
+    if unknown:
+        raise ModelLoadError(
+            f"config.json names architecture {', '.join(map(repr, unknown))}, which celeris does not serve "
+            f"(supported: {', '.join(KNOWN_ARCHITECTURES)})")
 
 
 def _refuse_unsupported(raw: dict[str, Any], supported: dict[str, tuple[Any, ...]]) -> None:

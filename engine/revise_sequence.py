@@ -1,0 +1,102 @@
+"""One DiffusionGemma request: canvases written one after another, each refined until its rule stops it.
+
+Per canvas: uniform noise, then up to `max_denoising_steps` denoising steps (engine/revise_sampler.py);
+the canvas commits the last step's argmax, which the encoder then appends to the request's cache.
+Until a canvas commits, every position it shows is provisional; committed canvases are final. The
+request ends after the canvas holding an end-of-sequence token (what follows it becomes padding) or
+after `ceil(max_new_tokens / canvas_length)` canvases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from engine.gemma import DiffusionGemma, KVCache
+from engine.revise_sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
+
+
+@dataclass
+class ReviseSequence:
+    model: DiffusionGemma
+    prompt: list[int]
+    params: ReviseParams
+    seed: int
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    final: list[int] = field(default_factory=list)  # committed canvases (after the EOS cut)
+    draft: list[int] = field(default_factory=list)  # the current canvas's argmax: provisional
+    steps: int = 0  # denoising forwards so far, all canvases
+    finished: bool = False
+    stop_reason: str = ""  # per canvas: "rule" or "steps"
+
+    def __post_init__(self) -> None:
+        cfg = self.model.cfg
+        self.noise = RowNoise(self.seed, cfg.vocab_size, cfg.canvas_length)
+        self.cache = KVCache(cfg)
+        self.canvases_left = math.ceil(self.max_new_tokens / cfg.canvas_length)
+        self.model.encode(torch.tensor([self.prompt]), self.cache)
+        self._new_canvas()
+
+    def _new_canvas(self) -> None:
+        self.canvas = self.noise.uniform_canvas()
+        self.draft = self.canvas.tolist()
+        self.sc_logits: Optional[torch.Tensor] = None
+        self.stop = StopRule(self.params)
+        self.steps_left = self.params.max_denoising_steps
+
+    def denoise_input(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The canvas and self-conditioning logits the next forward needs.  (1, L), (1, L, V) or None"""
+        sc = None if self.sc_logits is None else self.sc_logits[None]
+        return self.canvas[None], sc
+
+    def advance(self, logits: torch.Tensor) -> StepResult:
+        """Apply one forward's logits (L, V): sample, accept, re-noise; commit the canvas when it stops."""
+        r = denoise_row(logits, self.canvas, self.steps_left, self.params, self.noise)
+        self.steps += 1
+        self.canvas, self.sc_logits, self.draft = r.canvas, r.logits, r.argmax.tolist()
+        stopped = self.stop(r.argmax, r.logits)
+        self.steps_left -= 1
+        if stopped or self.steps_left == 0:
+            self.stop_reason = "rule" if stopped else "steps"
+            self._commit(r.argmax)
+        return r
+
+    def _commit(self, argmax: torch.Tensor) -> None:
+        block = argmax.tolist()
+        self.canvases_left -= 1
+        ends = [i for i, t in enumerate(block) if t in self.eos_ids]
+        if ends:
+            block = block[: ends[0] + 1] + [self.pad_id] * (len(block) - ends[0] - 1)
+        self.final += block
+        self.draft = []
+        if ends or self.canvases_left == 0:
+            self.finished = True
+            return
+        self.model.encode(argmax[None], self.cache)
+        self._new_canvas()
+
+
+def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> None:
+    """One forward for every unfinished request, whatever its canvas and step."""
+    rows = [s for s in seqs if not s.finished]
+    if not rows:
+        return
+    canvas = torch.stack([s.canvas for s in rows])
+    logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])
+    for s, lg in zip(rows, logits):
+        s.advance(lg)
+
+
+def generate(model: DiffusionGemma, prompt: list[int], params: ReviseParams, seed: int, max_new_tokens: int,
+             eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> list[int]:
+    """The reference loop for one request: what the runner must reproduce step for step."""
+    seq = ReviseSequence(model, prompt, params, seed, max_new_tokens, eos_ids, pad_id)
+    while not seq.finished:
+        canvas, sc = seq.denoise_input()
+        seq.advance(model.denoise(canvas, seq.cache, sc)[0])
+    return seq.final

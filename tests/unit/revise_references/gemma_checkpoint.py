@@ -1,0 +1,50 @@
+"""Tiny random DiffusionGemma folders written by transformers' own classes (save_pretrained), and its
+generate() run on them: the reference celeris is compared against (issue #30)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
+            sliding_window=6, layer_types=["sliding_attention", "full_attention", "full_attention"],
+            num_experts=4, top_k_experts=2, moe_intermediate_size=16, max_position_embeddings=256,
+            pad_token_id=0, eos_token_id=1, bos_token_id=2)
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=8, position_embedding_size=64, patch_size=4)
+
+
+def write_checkpoint(folder: Path, canvas_length: int = 8, seed: int = 0, embed_gain: float = 1.0, **text) -> Path:
+    """`embed_gain` scales the (tied) embeddings: a sharper model, confident enough for the
+    stable-and-confident rule to stop canvases early."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    cfg = DiffusionGemmaConfig(text_config={**TEXT, **text}, vision_config={"model_type": "gemma4_vision", **VISION},
+                               canvas_length=canvas_length)
+    torch.manual_seed(seed)
+    model = DiffusionGemmaForBlockDiffusion(cfg).eval()
+    with torch.no_grad():  # random norms and scalars, so no weight sits at its identity value
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "scale")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            if name.endswith("embed_tokens.weight"):
+                p.mul_(embed_gain)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference_model(folder: Path):
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    return DiffusionGemmaForBlockDiffusion.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def reference_generate(model, prompt: list[int], seed: int, max_new_tokens: int, **gen) -> list[int]:
+    torch.manual_seed(seed)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, **gen)
+    return out.sequences[0, len(prompt):].tolist()

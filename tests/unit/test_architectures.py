@@ -1,0 +1,39 @@
+"""Unknown architectures are refused at load, by name (issue #30)."""
+
+import json
+
+import pytest
+
+from engine.config import KNOWN_ARCHITECTURES, ModelConfig
+from engine.errors import ModelLoadError
+from engine.weights import load_model
+
+DREAM = {
+    "architectures": ["DreamModel"], "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 300,
+    "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "mask_token_id": 3, "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
+def test_dream_config_still_loads():
+    assert ModelConfig.from_json(DREAM).arch == "dream"
+
+
+@pytest.mark.parametrize("name", ["Fast_dLLM_QwenForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"])
+def test_relabelled_dream_config_is_refused_by_name(tmp_path, name):
+    (tmp_path / "config.json").write_text(json.dumps({**DREAM, "architectures": [name]}))
+    with pytest.raises(ModelLoadError, match=name):
+        load_model(tmp_path)
+    with pytest.raises(ModelLoadError, match="supported: " + KNOWN_ARCHITECTURES[0]):
+        ModelConfig.from_dir(tmp_path)
+
+
+def test_one_unknown_among_known_is_refused():
+    with pytest.raises(ModelLoadError, match="Foo"):
+        ModelConfig.from_json({**DREAM, "architectures": ["DreamModel", "Foo"]})
+
+
+def test_no_architectures_key_falls_back_to_keys():
+    raw = {k: v for k, v in DREAM.items() if k != "architectures"}
+    assert ModelConfig.from_json(raw).arch == "dream"
