@@ -49,8 +49,10 @@ class Supervisor:
         if self.closing:
             return
         rank = next(r for r, p in enumerate(self.procs, start=1) if p.sentinel in ready)
+        self.procs[rank - 1].join(timeout=5)  # reap it, for its exit code
         lost = self.channel.fail(rank, f"exited (code {self.procs[rank - 1].exitcode})")
-        log.error("%s", lost)
+        if not self.on_lost:  # else the callback reports it (one line)
+            log.error("%s", lost)
         for fn in list(self.on_lost):
             fn(lost)
 

@@ -13,7 +13,6 @@ import pickle
 import sys
 
 import torch
-import torch.distributed as dist
 
 from engine.cache import BlockKVStore, KVCacheStore
 from engine.model import KVCache
@@ -70,7 +69,10 @@ def main(rank: int, size: int, address: str, folder: str, plan: Plan, dtype: str
         conn.send_bytes(pickle.dumps("ready"))
         with torch.inference_mode():
             follow(conn, model, device)
-        dist.destroy_process_group()
     except Exception as e:  # one line for the leader's log; the leader reports the rank
         print(f"celeris tensor-parallel worker rank {rank}: {e.__class__.__name__}: {e}", file=sys.stderr)
-        raise SystemExit(1)
+        os._exit(1)
+    # Leave without tearing the group down: the leader has gone on, and gloo's threads would
+    # abort a normal interpreter exit.
+    sys.stderr.flush()
+    os._exit(0)
