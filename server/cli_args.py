@@ -60,6 +60,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="split the model over N processes, one per device (docs/parallel.md; default 1)")
     ap.add_argument("--expert-parallel", action="store_true",
                     help="MoE models: whole experts per rank instead of slices of every expert")
+    ap.add_argument("--collective-timeout", type=float, default=120.0, metavar="S",
+                    help="tensor parallel: a rank that does not join a collective within S seconds counts as hung")
 
 
 def engine_config_from_args(a: argparse.Namespace, **kw):
@@ -67,4 +69,5 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
 
     return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
-                        expert_parallel=getattr(a, "expert_parallel", False), **kw)
+                        expert_parallel=getattr(a, "expert_parallel", False),
+                        collective_timeout_s=getattr(a, "collective_timeout", 120.0), **kw)

@@ -50,19 +50,19 @@ def check_sizes(cfg: ModelConfig, plan: Plan) -> None:
 class Group:
     """This rank's collectives over the default process group."""
 
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size = rank, size
+    def __init__(self, rank: int, size: int, pg=None):
+        self.rank, self.size, self.pg = rank, size, pg  # pg: the process group (None: the default)
 
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's `partial` (same shape everywhere), in place."""
-        dist.all_reduce(partial)
+        dist.all_reduce(partial, group=self.pg)
         return partial
 
     def gather_last(self, part: torch.Tensor) -> torch.Tensor:
         """Every rank's `part` (..., n) concatenated in rank order along the last dim: (..., size*n)."""
         part = part.contiguous()
         parts = [torch.empty_like(part) for _ in range(self.size)]
-        dist.all_gather(parts, part)
+        dist.all_gather(parts, part, group=self.pg)
         return torch.cat(parts, dim=-1)
 
     def embed(self, wte: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
@@ -75,11 +75,15 @@ class Group:
         return self.all_reduce(x)
 
 
-def init_group(rank: int, size: int, address: str, backend: str, timeout_s: float) -> Group:
-    """Join the group at `address` (tcp://host:port) as `rank` of `size`."""
+def init_group(rank: int, size: int, address: str, backend: str, timeout_s: float,
+               start_timeout_s: float = 600.0) -> Group:
+    """Join the group at `address` (file:// or tcp://) as `rank` of `size`. The rendezvous may
+    wait `start_timeout_s` (ranks start at different speeds); the model's collectives run in a
+    group of their own whose timeout is `timeout_s`."""
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return Group(rank, size)
+                            timeout=datetime.timedelta(seconds=start_timeout_s))
+    pg = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=timeout_s))
+    return Group(rank, size, pg)
 
 
 def backend_for(device: str) -> str:

@@ -16,7 +16,6 @@ import tempfile
 import threading
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -40,7 +39,7 @@ class Supervisor:
 
     def __init__(self, procs: list, conns: list, channel: Channel):
         self.procs, self.conns, self.channel = procs, conns, channel
-        self.on_lost: list[Callable[[Exception], None]] = []
+        self.on_lost = channel.on_lost  # callbacks: the group is broken (a worker died or hung)
         self.closing = False
         threading.Thread(target=self._watch, name="celeris-tp-watch", daemon=True).start()
 
@@ -50,11 +49,10 @@ class Supervisor:
             return
         rank = next(r for r, p in enumerate(self.procs, start=1) if p.sentinel in ready)
         self.procs[rank - 1].join(timeout=5)  # reap it, for its exit code
+        had_callbacks = bool(self.on_lost)
         lost = self.channel.fail(rank, f"exited (code {self.procs[rank - 1].exitcode})")
-        if not self.on_lost:  # else the callback reports it (one line)
+        if not had_callbacks:  # else a callback reports it (one line)
             log.error("%s", lost)
-        for fn in list(self.on_lost):
-            fn(lost)
 
     def close(self) -> None:
         if self.closing:
@@ -66,7 +64,7 @@ class Supervisor:
             except OSError:
                 pass
         for p in self.procs:
-            p.join(timeout=10)
+            p.join(timeout=1 if self.channel.lost else 10)  # a broken group's ranks may never stop
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)

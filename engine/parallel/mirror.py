@@ -12,7 +12,7 @@ Selection and sampling run on the leader only: the head's logits are gathered to
 from __future__ import annotations
 
 import pickle
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -43,31 +43,59 @@ def to_device(obj, device):
     return obj
 
 
+def _timed_out(exc: BaseException) -> bool:
+    return "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
+
+
 class Channel:
     """The leader's pipes to its workers, one per rank 1..N-1, and their liveness."""
 
     def __init__(self, conns: list, procs: list):
         self.conns, self.procs = conns, procs
         self.lost: Optional[WorkerLost] = None
+        self.on_lost: list[Callable[[WorkerLost], None]] = []  # told once, from whichever thread saw it
 
     def dead_ranks(self) -> list[int]:
         return [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
 
     def fail(self, rank: Optional[int], why: str) -> WorkerLost:
         """Record the group as broken (once) and return the error every later call raises."""
-        if self.lost is None:
-            named = f"tensor-parallel worker rank {rank}" if rank is not None else "a tensor-parallel worker"
-            self.lost = WorkerLost(f"{named} {why}; the model cannot run", rank)
+        if self.lost is not None:
+            return self.lost
+        named = f"tensor-parallel worker rank {rank}" if rank is not None else "a tensor-parallel worker"
+        self.lost = WorkerLost(f"{named} {why}; the model cannot run", rank)
+        for fn in list(self.on_lost):
+            fn(self.lost)
         return self.lost
+
+    def unresponsive(self, wait_s: float = 2.0) -> list[int]:
+        """Ranks alive that do not answer a ping: after a collective timed out, the healthy ranks
+        have failed the same collective and exited, so the one left hanging is the culprit."""
+        silent = []
+        for rank, (conn, p) in enumerate(zip(self.conns, self.procs), start=1):
+            p.join(timeout=wait_s)  # give the healthy ranks time to exit
+            if not p.is_alive():
+                continue
+            try:
+                conn.send_bytes(pickle.dumps(("ping", None)))
+                if conn.poll(wait_s) and pickle.loads(conn.recv_bytes()) == "pong":
+                    continue
+            except (OSError, EOFError):
+                continue
+            silent.append(rank)
+        return silent
 
     def diagnose(self, exc: BaseException) -> WorkerLost:
         """The WorkerLost behind a failed send or collective: a dead rank if there is one."""
         if self.lost is not None:
             return self.lost
-        dead = self.dead_ranks()
-        if dead:
+        silent = self.unresponsive()  # also lets a rank that is exiting finish doing so
+        dead = [r for r in self.dead_ranks() if r not in silent]
+        if dead and not (_timed_out(exc) and silent):  # a peer closed its connections: it died
             return self.fail(dead[0], f"exited (code {self.procs[dead[0] - 1].exitcode})")
-        return self.fail(None, f"did not answer a collective ({exc.__class__.__name__}: {str(exc)[:200]})")
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        return self.fail(silent[0] if silent else None,
+                         f"did not answer within the collective timeout ({exc.__class__.__name__}: {first})")
 
     def send(self, op: str, payload) -> None:
         if self.lost is not None:

@@ -4,6 +4,7 @@ server exits with one error line naming the rank."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,3 +82,22 @@ def test_a_worker_killed_mid_stream_ends_every_stream_unavailable(spawn):
     lost = [r for r in lines if r.get("event") == "server.worker_lost"]
     assert len(lost) == 1 and "rank 1" in lost[0]["error"], proc.log_tail()
     assert [r for r in lines if r.get("level") == "error"] == lost  # one error line
+
+
+def test_a_hung_worker_is_named_after_the_collective_timeout(spawn):
+    proc = spawn("--tensor-parallel-size", "2", "--collective-timeout", "3", "--grace-seconds", "20")
+    (worker,) = _workers(proc.proc.pid)
+    os.kill(worker, signal.SIGSTOP)  # alive, but never joins another collective
+    try:
+        with grpc.insecure_channel(proc.target) as ch:
+            req = pb.GenerateRequest(prompt="1 + 2 =", gen_length=16, steps=8, block_length=8, seed=1)
+            with pytest.raises(grpc.RpcError) as err:
+                list(pb_grpc.GenerationServiceStub(ch).Generate(req, timeout=120))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert proc.wait(timeout=120) == 1
+    finally:  # the server kills it on the way out; make sure
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    lines = [json.loads(x) for x in proc.log_path.read_text().splitlines() if x.startswith("{")]
+    lost = [r for r in lines if r.get("event") == "server.worker_lost"]
+    assert len(lost) == 1 and "rank 1 did not answer" in lost[0]["error"], proc.log_tail()
