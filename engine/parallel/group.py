@@ -37,18 +37,22 @@ def check_sizes(cfg: ModelConfig, plan: Plan) -> None:
     if plan.expert_parallel and n == 1:
         raise ModelLoadError("--expert-parallel splits experts over the tensor-parallel ranks: set "
                              "--tensor-parallel-size to 2 or more")
-    checks = [("attention heads", cfg.n_heads), ("key/value heads", cfg.n_kv_heads),
-              ("vocabulary (embedding rows)", cfg.embedding_size), ("MLP hidden size", cfg.mlp_hidden_size)]
+    checks = [("attention heads", cfg.n_heads), ("vocabulary (embedding rows)", cfg.embedding_size)]
+    if not cfg.num_experts or cfg.first_dense_layers:  # some layer has a dense MLP
+        checks.append(("MLP hidden size", cfg.mlp_hidden_size))
     if cfg.num_experts:
         checks.append(("experts", cfg.num_experts) if plan.expert_parallel
                       else ("expert hidden size", cfg.moe_hidden_size))
     for what, value in checks:
         if value % n:
             raise ModelLoadError(f"tensor parallel size {n} does not divide the {what} ({value})")
+    if cfg.n_kv_heads % n and n % cfg.n_kv_heads:  # fewer kv heads than ranks: each is replicated
+        raise ModelLoadError(f"tensor parallel size {n} neither divides nor is a multiple of the key/value heads "
+                             f"({cfg.n_kv_heads})")
 
 
 class Group:
-    """This rank's collectives over the default process group."""
+    """This rank's collectives over the model's process group."""
 
     def __init__(self, rank: int, size: int, pg=None):
         self.rank, self.size, self.pg = rank, size, pg  # pg: the process group (None: the default)

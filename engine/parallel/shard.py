@@ -2,7 +2,8 @@
 
 Megatron's split: q/k/v and the MLP's gate/up are column-parallel (rows of the weight, i.e.
 output features: whole heads, grouped-query attention split by key/value heads so each rank's
-query heads find their key/value heads locally), the attention output and MLP down projections
+query heads find their key/value heads locally; with fewer key/value heads than ranks, each
+rank holds the one head its queries use, replicated as vLLM does), the attention output and MLP down projections
 are row-parallel (input columns; their outputs are partial sums that `model.Block` all-reduces,
 and a bias is added by rank 0 only). Embedding and output head are split by vocabulary rows.
 Under tensor parallelism every expert is split like a dense MLP; under expert parallelism
@@ -28,14 +29,15 @@ from engine.moe import MoE, SwiGLU
 from engine.parallel.group import Group, Plan, check_sizes
 from engine.weights import _tensor_files, canonical_name, resolve_dtype, skip_meta_init
 
-COLUMN, ROW, RANK0, WHOLE = "column", "row", "rank0", "whole"
+COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")
 _RULES = [  # (pattern on our names, how the tensor splits); the first match wins
     (r"\.mlp\.gate\.", WHOLE),
     (r"\.mlp\.(experts\.\d+|shared_experts)\.(ff_proj|up_proj)\.weight$", COLUMN),
     (r"\.mlp\.(experts\.\d+|shared_experts)\.ff_out\.weight$", ROW),
     (r"^transformer\.(wte|ff_out)\.weight$", COLUMN),
-    (r"\.(q_proj|k_proj|v_proj)\.(weight|bias)$", COLUMN),
+    (r"\.q_proj\.(weight|bias)$", COLUMN),
+    (r"\.(k_proj|v_proj)\.(weight|bias)$", KV),
     (r"\.attn_out\.weight$", ROW),
     (r"\.attn_out\.bias$", RANK0),
     (r"^transformer\.blocks\.\d+\.(ff_proj|up_proj)\.weight$", COLUMN),
@@ -46,7 +48,7 @@ _RULES = [  # (pattern on our names, how the tensor splits); the first match win
 def shard_config(cfg: ModelConfig, plan: Plan) -> ModelConfig:
     """The shapes of one rank's slice (the model's other settings unchanged)."""
     n = plan.size
-    return replace(cfg, n_heads=cfg.n_heads // n, n_kv_heads=cfg.n_kv_heads // n, explicit_head_dim=cfg.head_dim,
+    return replace(cfg, n_heads=cfg.n_heads // n, n_kv_heads=max(1, cfg.n_kv_heads // n), explicit_head_dim=cfg.head_dim,
                    mlp_hidden_size=cfg.mlp_hidden_size // n, embedding_size=cfg.embedding_size // n,
                    vocab_size=cfg.embedding_size // n,
                    moe_hidden_size=cfg.moe_hidden_size if plan.expert_parallel else cfg.moe_hidden_size // n)
@@ -62,11 +64,17 @@ def how(name: str, plan: Plan) -> str:
     return WHOLE
 
 
-def _read(f, ckpt_name: str, kind: str, rank: int, n: int, rows: Optional[tuple[int, int]] = None) -> torch.Tensor:
+def _read(f, ckpt_name: str, kind: str, rank: int, n: int, rows: Optional[tuple[int, int]] = None,
+          kv_heads: int = 1) -> torch.Tensor:
     """This rank's part of a checkpoint tensor; `rows` first narrows it (a fused q/k/v part)."""
     sl = f.get_slice(ckpt_name)
     shape = sl.get_shape()
     lo, hi = rows or (0, shape[0])
+    if kind == KV and kv_heads < n:  # fewer kv heads than ranks: the one head this rank's queries use
+        dh, head = (hi - lo) // kv_heads, rank // (n // kv_heads)
+        return sl[lo + head * dh: lo + (head + 1) * dh]
+    if kind == KV:
+        kind = COLUMN
     if kind == COLUMN:
         step = (hi - lo) // n
         return sl[lo + rank * step: lo + (rank + 1) * step]
@@ -134,12 +142,13 @@ def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.
                         continue
                     if local not in expected:
                         raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
-                    t = _read(f, ckpt_name, how(name, plan), rank, n, rows)
+                    t = _read(f, ckpt_name, how(name, plan), rank, n, rows, cfg.n_kv_heads)
                     if tuple(t.shape) != tuple(expected[local]):
                         raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name}: shard shape {tuple(t.shape)}, "
                                              f"expected {tuple(expected[local])}")
                     dt = torch.float32 if local.endswith("expert_bias") else torch_dtype
-                    state[local] = t.to(device=device, dtype=dt)
+                    # A copy: a view would keep the whole file mapped (and its touched pages resident).
+                    state[local] = t.to(device=device, dtype=dt, copy=True)
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}")

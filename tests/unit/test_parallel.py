@@ -17,7 +17,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError
 from engine.llm import LLM
 from engine.parallel.group import Plan, check_sizes
-from engine.parallel.shard import COLUMN, RANK0, ROW, WHOLE, how, shard_config
+from engine.parallel.shard import COLUMN, KV, RANK0, ROW, WHOLE, how, shard_config
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 from tests.unit.references.checkpoints import write_dream_checkpoint, write_llada_checkpoint
 
@@ -63,6 +63,12 @@ def test_ep2_decodes_what_one_rank_decodes(checkpoints):
 
 
 @pytest.mark.slow
+def test_tp4_replicates_kv_heads_when_fewer_than_ranks(checkpoints):
+    # LLaDA2 tiny: 4 query heads, 2 key/value heads, 8 experts; at size 4 each kv head lives on two ranks.
+    assert decode(checkpoints["llada2"], tp=4, prompts=IDS[:2]) == decode(checkpoints["llada2"], prompts=IDS[:2])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_tp2_with_kv_cache(checkpoints, cache):
     assert decode(checkpoints["dream"], tp=2, kv_cache=cache) == decode(checkpoints["dream"], kv_cache=cache)
@@ -71,7 +77,8 @@ def test_tp2_with_kv_cache(checkpoints, cache):
 def test_sizes_that_do_not_divide_are_refused_by_name():
     cfg = ModelConfig(n_heads=4, n_kv_heads=2, d_model=64, embedding_size=1024, vocab_size=1024, mlp_hidden_size=96)
     with pytest.raises(ModelLoadError, match="key/value heads"):
-        check_sizes(cfg, Plan(4))
+        check_sizes(replace(cfg, n_heads=6, n_kv_heads=3, d_model=60), Plan(2))
+    check_sizes(cfg, Plan(4))  # 2 kv heads over 4 ranks: replicated
     with pytest.raises(ModelLoadError, match="vocabulary"):
         check_sizes(replace(cfg, embedding_size=1025), Plan(2))
     with pytest.raises(ModelLoadError, match="MLP hidden size"):
@@ -93,7 +100,8 @@ def test_split_rules():
     tp, ep = Plan(2), Plan(2, expert_parallel=True)
     assert how("transformer.wte.weight", tp) == COLUMN
     assert how("transformer.ff_out.weight", tp) == COLUMN  # the head: vocabulary rows
-    assert how("transformer.blocks.0.k_proj.bias", tp) == COLUMN
+    assert how("transformer.blocks.0.q_proj.bias", tp) == COLUMN
+    assert how("transformer.blocks.0.k_proj.bias", tp) == KV
     assert how("transformer.blocks.0.attn_out.weight", tp) == ROW
     assert how("transformer.blocks.0.attn_out.bias", tp) == RANK0
     assert how("transformer.blocks.0.ff_out.weight", tp) == ROW
