@@ -101,3 +101,20 @@ def test_a_hung_worker_is_named_after_the_collective_timeout(spawn):
     lines = [json.loads(x) for x in proc.log_path.read_text().splitlines() if x.startswith("{")]
     lost = [r for r in lines if r.get("event") == "server.worker_lost"]
     assert len(lost) == 1 and "rank 1 did not answer" in lost[0]["error"], proc.log_tail()
+
+
+def test_run_and_bench_in_process_take_the_flag(tiny_model_dir, tmp_path, capsys):
+    from server.cli import main as celeris
+
+    run = ["run", "--model", str(tiny_model_dir), "--prompt", "It is a truth", "--gen-length", "16",
+           "--steps", "8", "--block-length", "8", "--seed", "4", "--json"]
+    assert celeris(run) == 0
+    one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert celeris(run + ["--tensor-parallel-size", "2"]) == 0
+    two = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert two["token_ids"] == one["token_ids"]
+    report = tmp_path / "bench.json"
+    assert celeris(["bench", "--in-process", "--model", str(tiny_model_dir), "--tensor-parallel-size", "2",
+                    "--concurrency", "2", "--requests", "2", "--prompt-len", "8", "--gen-length", "16", "--steps",
+                    "8", "--block-length", "8", "--report", str(report), "--quiet"]) == 0
+    assert json.loads(report.read_text())["results"]["ok"] == 2
