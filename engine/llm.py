@@ -87,7 +87,7 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
-        if config.tensor_parallel_size > 1 or config.expert_parallel:
+        if config.tensor_parallel_size != 1 or config.expert_parallel:
             from engine.parallel.launch import start  # worker processes, torch.distributed
             model = start(folder, config)
         else:

@@ -54,7 +54,8 @@ def measure(folder: str, tp: int) -> None:
     if tp == 0:  # baseline: the imports alone
         print(json.dumps({"ranks": [rss(os.getpid())]}))
         return
-    llm = LLM.load(folder, EngineConfig(max_batch=1, max_prompt_tokens=16, max_gen_length=16, tensor_parallel_size=tp))
+    cfg = EngineConfig(max_batch=1, max_prompt_tokens=16, max_gen_length=16, tensor_parallel_size=tp)
+    llm = LLM.load(folder, cfg)
     llm.generate_one([5, 6, 7], gen_length=8, steps=4, block_length=8)
     pids = [os.getpid()] + ([p.pid for p in llm.model.supervisor.procs] if tp > 1 else [])
     print(json.dumps({"ranks": [rss(p) for p in pids]}))

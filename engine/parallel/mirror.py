@@ -12,6 +12,8 @@ Selection and sampling run on the leader only: the head's logits are gathered to
 from __future__ import annotations
 
 import pickle
+import threading
+from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
@@ -38,7 +40,6 @@ def to_device(obj, device):
     if isinstance(obj, dict):
         return {k: to_device(v, device) for k, v in obj.items()}
     if hasattr(obj, "__dataclass_fields__") and getattr(obj, "allowed", None) is not None:
-        from dataclasses import replace
         return replace(obj, allowed=obj.allowed.to(device))
     return obj
 
@@ -54,16 +55,18 @@ class Channel:
         self.conns, self.procs = conns, procs
         self.lost: Optional[WorkerLost] = None
         self.on_lost: list[Callable[[WorkerLost], None]] = []  # told once, from whichever thread saw it
+        self._lock = threading.Lock()  # the watcher thread and the step thread may both see a loss
 
     def dead_ranks(self) -> list[int]:
         return [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
 
     def fail(self, rank: Optional[int], why: str) -> WorkerLost:
         """Record the group as broken (once) and return the error every later call raises."""
-        if self.lost is not None:
-            return self.lost
-        named = f"tensor-parallel worker rank {rank}" if rank is not None else "a tensor-parallel worker"
-        self.lost = WorkerLost(f"{named} {why}; the model cannot run", rank)
+        with self._lock:
+            if self.lost is not None:
+                return self.lost
+            named = f"tensor-parallel worker rank {rank}" if rank is not None else "a tensor-parallel worker"
+            self.lost = WorkerLost(f"{named} {why}; the model cannot run", rank)
         for fn in list(self.on_lost):
             fn(self.lost)
         return self.lost

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from engine.config import ModelConfig
@@ -48,7 +49,8 @@ _RULES = [  # (pattern on our names, how the tensor splits); the first match win
 def shard_config(cfg: ModelConfig, plan: Plan) -> ModelConfig:
     """The shapes of one rank's slice (the model's other settings unchanged)."""
     n = plan.size
-    return replace(cfg, n_heads=cfg.n_heads // n, n_kv_heads=max(1, cfg.n_kv_heads // n), explicit_head_dim=cfg.head_dim,
+    return replace(cfg, n_heads=cfg.n_heads // n, n_kv_heads=max(1, cfg.n_kv_heads // n),
+                   explicit_head_dim=cfg.head_dim,
                    mlp_hidden_size=cfg.mlp_hidden_size // n, embedding_size=cfg.embedding_size // n,
                    vocab_size=cfg.embedding_size // n,
                    moe_hidden_size=cfg.moe_hidden_size if plan.expert_parallel else cfg.moe_hidden_size // n)
@@ -132,7 +134,6 @@ def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.
     for ckpt_name, path in _tensor_files(folder).items():
         by_file.setdefault(path, []).append(ckpt_name)
     state: dict[str, torch.Tensor] = {}
-    from safetensors import safe_open
     for path, names in by_file.items():
         with safe_open(path, framework="pt", device="cpu") as f:
             for ckpt_name in names:
