@@ -113,7 +113,8 @@ class LLM:
 
     @property
     def parameter_count(self) -> int:
-        return count_parameters(self.model)
+        """The whole model's, also when this process holds only a tensor-parallel shard."""
+        return getattr(self.model, "total_parameters", None) or count_parameters(self.model)
 
     # ------------------------------------------------------------------ requests (engine/requests.py)
 

@@ -10,6 +10,7 @@ the collectives' timeout. Closing stops the workers, and kills any that do not s
 
 from __future__ import annotations
 
+import atexit
 import logging
 import pickle
 import tempfile
@@ -24,7 +25,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.parallel import worker
 from engine.parallel.group import Plan, backend_for, check_sizes, init_group
 from engine.parallel.mirror import Channel, MirroredModel
-from engine.parallel.shard import load_shard
+from engine.parallel.shard import checkpoint_parameters, load_shard
 
 log = logging.getLogger("celeris.parallel")
 START_TIMEOUT_S = 600.0  # loading a large shard takes a while
@@ -41,6 +42,7 @@ class Supervisor:
         self.procs, self.conns, self.channel = procs, conns, channel
         self.on_lost = channel.on_lost  # callbacks: the group is broken (a worker died or hung)
         self.closing = False
+        atexit.register(self.close)  # a leader that never called close still stops its workers quietly
         threading.Thread(target=self._watch, name="celeris-tp-watch", daemon=True).start()
 
     def _watch(self) -> None:
@@ -58,6 +60,7 @@ class Supervisor:
         if self.closing:
             return
         self.closing = True
+        atexit.unregister(self.close)
         for conn in self.conns:
             try:
                 conn.send_bytes(pickle.dumps(("stop", None)))
@@ -110,4 +113,5 @@ def start(folder: Path, config: EngineConfig) -> MirroredModel:
         raise
     model = MirroredModel(shard, channel, supervisor.close)
     model.supervisor = supervisor
+    model.total_parameters = checkpoint_parameters(folder)  # the leader holds 1/N of them
     return model

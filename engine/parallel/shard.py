@@ -14,6 +14,7 @@ slice only.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -107,6 +108,18 @@ def _local_expert(name: str, cfg: ModelConfig, plan: Plan, rank: int) -> Optiona
     per = cfg.num_experts // plan.size
     e = int(m.group(2)) - rank * per
     return f"{m.group(1)}{e}{m.group(3)}" if 0 <= e < per else None
+
+
+def checkpoint_parameters(folder: str | Path) -> int:
+    """Parameters of the whole model, from the safetensors headers (no tensor is read); the
+    router's expert_bias is a buffer, not a parameter, as `model.count_parameters` counts."""
+    total = 0
+    for path in set(_tensor_files(Path(folder)).values()):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                if not name.endswith("expert_bias"):
+                    total += math.prod(f.get_slice(name).get_shape())
+    return total
 
 
 def _build(cfg: ModelConfig, plan: Plan, rank: int) -> MaskPredictor:

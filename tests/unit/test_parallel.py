@@ -23,6 +23,7 @@ from tests.unit.references.checkpoints import write_dream_checkpoint, write_llad
 
 IDS = [[17, 301, 45], [88, 5, 640, 31, 77, 402, 15, 9], [12, 33, 999, 4, 58, 61, 700, 13, 90, 210, 6]]
 TEXT = ["1 + 2 =", "The cat sat on the", "Once upon a time there was"]
+PARAMETERS: dict[str, int] = {}
 WRITERS = {"llada": write_llada_checkpoint, "dream": write_dream_checkpoint, "sdar": write_sdar_checkpoint,
            "llada2": write_llada2_checkpoint}
 
@@ -31,6 +32,8 @@ def decode(folder, tp: int = 1, ep: bool = False, prompts=IDS, **params) -> list
     llm = LLM.load(folder, EngineConfig(max_batch=4, max_prompt_tokens=32, max_gen_length=16,
                                         tensor_parallel_size=tp, expert_parallel=ep))
     try:
+        PARAMETERS.setdefault(str(folder), llm.parameter_count)
+        assert llm.parameter_count == PARAMETERS[str(folder)]  # the whole model's at every size
         p = replace(llm.defaults, gen_length=16, block_length=8, steps=8, **params)
         return [r.token_ids for r in llm.generate(prompts, p)]
     finally:
