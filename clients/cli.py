@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ip.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ip.add_argument("--max-batch", type=int, default=None, help="engine batch size (default: --concurrency)")
+    ip.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="split the model over N processes")
+    ip.add_argument("--expert-parallel", action="store_true", help="MoE: whole experts per rank")
     add_connection_args(bn)
     add_knob_args(bn)
     return ap

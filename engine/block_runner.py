@@ -44,7 +44,7 @@ class BlockRunner:
         # Prompt + canvas rounded up to whole blocks (a block is at most gen_length long).
         self.max_len = config.max_prompt_tokens + 2 * config.max_gen_length
         self.tokens = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
-        self.kv = BlockKVStore(model.cfg, self.slots + 1, self.max_len, self.device, model.dtype)
+        self.kv = model.kv_store(BlockKVStore, self.slots + 1, self.max_len)
         self.use_graphs = False  # the MoE expert loop and per-row spans are data-dependent: eager
 
     @property

@@ -306,6 +306,11 @@ class EngineConfig:
     # lengths step in separate forwards when that is cheaper (engine/batching.py). None: 256 on
     # CPU, 4096 on CUDA (a GPU forward costs about the same for a few rows as for a full bucket).
     forward_overhead_tokens: Optional[int] = None
+    # engine/parallel: ranks the model is split over (1: this process alone), experts whole per
+    # rank instead of sliced, and how long a collective may wait before a rank counts as hung.
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
+    collective_timeout_s: float = 120.0
 
     @property
     def overhead_tokens(self) -> int:

@@ -87,9 +87,25 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
-        model = load_model(folder, dtype=config.dtype, device=config.device)
+        if config.tensor_parallel_size != 1 or config.expert_parallel:
+            from engine.parallel.launch import start  # worker processes, torch.distributed
+            model = start(folder, config)
+        else:
+            model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (a no-op on one process)."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
+
+    def on_worker_lost(self, callback: Callable[[Exception], None]) -> None:
+        """Call `callback(error)` (from another thread) when a tensor-parallel worker dies."""
+        supervisor = getattr(self.model, "supervisor", None)
+        if supervisor is not None:
+            supervisor.on_lost.append(callback)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -97,7 +113,8 @@ class LLM:
 
     @property
     def parameter_count(self) -> int:
-        return count_parameters(self.model)
+        """The whole model's, also when this process holds only a tensor-parallel shard."""
+        return getattr(self.model, "total_parameters", None) or count_parameters(self.model)
 
     # ------------------------------------------------------------------ requests (engine/requests.py)
 

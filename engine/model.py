@@ -67,6 +67,7 @@ class Block(nn.Module):
             self.q_norm = RMSNorm(dh, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(dh, cfg.rms_norm_eps)
         self.attn_out = nn.Linear(cfg.n_heads * dh, d, bias=cfg.out_bias)
+        self.tp = None  # engine/parallel's group when the projections are sharded (row-parallel outputs reduce)
         self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
         if cfg.is_moe_layer(layer):
             self.mlp = MoE(cfg)
@@ -94,12 +95,16 @@ class Block(nn.Module):
             v = past_v.scatter(2, cols, v)
         # No causal mask: every position sees every (non-padding) position.
         a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
-        x = x + self.attn_out(a.transpose(1, 2).reshape(B, L, -1))
+        x = x + self._reduce(self.attn_out(a.transpose(1, 2).reshape(B, L, -1)))
         h = self.ff_norm(x)
-        if hasattr(self, "mlp"):
+        if hasattr(self, "mlp"):  # a sharded MoE combines its ranks' parts itself
             return x + self.mlp(h), new_kv
-        x = x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+        x = x + self._reduce(self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h)))
         return x, new_kv
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output: each rank holds a partial sum; one all-reduce."""
+        return partial if self.tp is None else self.tp.all_reduce(partial)
 
 
 class Transformer(nn.Module):
@@ -116,20 +121,31 @@ class Transformer(nn.Module):
 class MaskPredictor(nn.Module):
     """`forward(ids) -> logits`: the probability of each vocabulary token at every position."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Optional[ModelConfig] = None):
+        """`shard`: the shapes of this rank's slice under tensor parallelism (engine/parallel);
+        `cfg` stays the whole model's description either way."""
         super().__init__()
         self.cfg = cfg
-        self.transformer = Transformer(cfg)
+        self.shard_cfg = shard or cfg
+        self.transformer = Transformer(self.shard_cfg)
+        self.tp = None  # engine/parallel's group: vocabulary-parallel embedding and head
 
     @property
     def dtype(self) -> torch.dtype:
         return self.transformer.wte.weight.dtype
 
+    def kv_store(self, cls, rows: int, max_len: int):
+        """A KV cache store of class `cls` for this model's (shard's) key/value heads."""
+        return cls(self.shard_cfg, rows, max_len, self.transformer.wte.weight.device, self.dtype)
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         t = self.transformer
         h = t.ln_f(h)
         w = t.wte.weight if self.cfg.weight_tying else t.ff_out.weight
-        logits = F.linear(h, w[: self.cfg.vocab_size])  # drop LLaDA's padded embedding rows
+        if self.tp is None:
+            logits = F.linear(h, w[: self.cfg.vocab_size])  # drop LLaDA's padded embedding rows
+        else:  # each rank's vocabulary slice, gathered in rank order: (..., embedding_size)
+            logits = self.tp.gather_last(F.linear(h, w))[..., : self.cfg.vocab_size]
         if self.cfg.scale_logits:  # LLaDA's option, in place after the head as published
             logits = logits * (1 / math.sqrt(self.cfg.d_model))
         return logits.float() if self.cfg.logits_fp32 else logits
@@ -167,7 +183,8 @@ class MaskPredictor(nn.Module):
             attn_mask = left_padded_spans(key_mask, L)
         elif key_mask is not None:  # one masked kernel for the batch (GPU; CUDA graphs)
             attn_mask = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
-        x = self.transformer.wte(ids)  # (B, L, D)
+        wte = self.transformer.wte
+        x = wte(ids) if self.tp is None else self.tp.embed(wte, ids)  # (B, L, D)
         if self.cfg.input_emb_norm:  # LLaDA's option: scale embeddings by sqrt(d_model)
             x = x * (self.cfg.d_model ** 0.5)
         kvs = []

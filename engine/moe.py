@@ -69,17 +69,26 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.d_model, cfg.moe_hidden_size) for _ in range(cfg.num_experts))
         self.shared_experts = (SwiGLU(cfg.d_model, cfg.moe_hidden_size * cfg.num_shared_experts)
                                if cfg.num_shared_experts else None)
+        # engine/parallel: `tp` the group; with `expert_parallel` this rank holds experts
+        # [first_expert, first_expert + len(experts)) whole, else a hidden slice of every expert.
+        self.tp, self.expert_parallel, self.first_expert = None, False, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, D)
         idx, weights = self.gate(flat)  # (N, k)
         out = flat.new_zeros(flat.shape[0], idx.shape[1], shape[-1])  # (N, k, D): each token's k outputs
-        for e in torch.unique(idx).tolist():  # only the experts some token chose
-            rows, slots = (idx == e).nonzero(as_tuple=True)
-            out[rows, slots] = self.experts[e](flat[rows])
+        mine = range(self.first_expert, self.first_expert + len(self.experts))
+        for e in torch.unique(idx).tolist():  # only the experts some token chose (and this rank holds)
+            if e in mine:
+                rows, slots = (idx == e).nonzero(as_tuple=True)
+                out[rows, slots] = self.experts[e - self.first_expert](flat[rows])
+        if self.expert_parallel:  # each slot was filled by one rank, zeros elsewhere: an exact sum
+            out = self.tp.all_reduce(out)
         # Weighed and summed over the k slots in float32, in slot order, as published.
         y = (out.float() * weights[..., None]).sum(dim=1).to(x.dtype)
-        if self.shared_experts is not None:
+        if self.shared_experts is not None:  # whole on every rank under expert parallelism
             y = y + self.shared_experts(flat)
+        if self.tp is not None and not self.expert_parallel:  # hidden slices: partial sums
+            y = self.tp.all_reduce(y)
         return y.view(shape)

@@ -80,7 +80,7 @@ class Runner:
     def _cache_store(self) -> KVCacheStore:
         if self.kv is None:  # normal tensors even when the first user runs under inference_mode
             with torch.inference_mode(False):
-                self.kv = KVCacheStore(self.model.cfg, self.slots + 1, self.max_len, self.device, self.model.dtype)
+                self.kv = self.model.kv_store(KVCacheStore, self.slots + 1, self.max_len)
         return self.kv
 
     @property

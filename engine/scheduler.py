@@ -316,7 +316,8 @@ class Scheduler:
 
     def _failed(self, seqs: list[Sequence], exc: Exception) -> None:
         for seq in seqs:
-            self._fail(seq, StepFailed(f"denoising step failed: {exc!r}"))
+            # Unavailable (a tensor-parallel worker lost): the engine cannot serve, not a bug.
+            self._fail(seq, exc if isinstance(exc, Unavailable) else StepFailed(f"denoising step failed: {exc!r}"))
 
     def _kick_soon(self) -> None:
         """Wake the worker at the end of this loop iteration, so requests submitted together
@@ -365,7 +366,10 @@ class Scheduler:
                 try:
                     events, record = self.core.step()
                 except Exception as exc:  # keep serving: end this batch's requests, not the worker
-                    log.exception("denoising step failed; ending %d request(s)", len(self.core.running))
+                    if isinstance(exc, Unavailable):  # e.g. a lost tensor-parallel worker, reported once elsewhere
+                        log.warning("engine unavailable; ending %d request(s): %s", len(self.core.running), exc)
+                    else:
+                        log.exception("denoising step failed; ending %d request(s)", len(self.core.running))
                     settle()  # the steps before the failure reach their streams first
                     _post(loop, self._failed, self.core.fail_running(), exc)
                     continue

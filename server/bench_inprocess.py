@@ -41,7 +41,8 @@ class InProcessBackend:
         gen = a.gen_length or 0
         cfg = EngineConfig(device=a.device, dtype=a.dtype, max_batch=a.max_batch or a.concurrency,
                            max_queue=max(64, a.requests + a.warmup), max_gen_length=max(512, gen),
-                           max_prompt_tokens=max(512, a.prompt_len))
+                           max_prompt_tokens=max(512, a.prompt_len),
+                           tensor_parallel_size=a.tensor_parallel_size, expert_parallel=a.expert_parallel)
         # Loaded on the thread that will step it, as `celeris serve` does (engine/threads.py).
         self.thread = TensorThread()
         self.llm = await asyncio.wrap_future(self.thread.submit(LLM.load, a.model, cfg))
@@ -71,5 +72,7 @@ class InProcessBackend:
     async def close(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.stop()
+        if self.llm is not None:
+            self.llm.close()  # tensor-parallel workers, if any
         if self.thread is not None:
             self.thread.close()

@@ -57,7 +57,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     except ModelLoadError as e:
         raise ModelLoadError(f"--model: {e}") from None
     t1 = time.perf_counter()
-    res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
+    try:
+        res = llm.generate_one(a.prompt, sampling_from_args(a, llm.defaults))
+    finally:
+        llm.close()  # tensor-parallel workers, if any
     t2 = time.perf_counter()
     timings = {"imports_s": round(t_imports, 3), "load_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
                "threads": threads}

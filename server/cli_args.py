@@ -56,9 +56,18 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the CPUs this process may use: affinity mask and cgroup CPU quota)")
     ap.add_argument("--kv-cache", default="none", choices=("none", "prefix", "dual"),
                     help="Fast-dLLM approximate KV cache for requests that do not choose one (default %(default)s)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                    help="split the model over N processes, one per device (docs/parallel.md; default 1)")
+    ap.add_argument("--expert-parallel", action="store_true",
+                    help="MoE models: whole experts per rank instead of slices of every expert")
+    ap.add_argument("--collective-timeout", type=float, default=120.0, metavar="S",
+                    help="tensor parallel: a rank that does not join a collective within S seconds counts as hung")
 
 
 def engine_config_from_args(a: argparse.Namespace, **kw):
     from engine.config import EngineConfig
 
-    return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache, **kw)
+    return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
+                        tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
+                        expert_parallel=getattr(a, "expert_parallel", False),
+                        collective_timeout_s=getattr(a, "collective_timeout", 120.0), **kw)

@@ -154,11 +154,23 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
+<<<<<<< HEAD
     asyncio.run(_serve(llm, settings, telemetry, thread, threads))
     return 0
 
 
 async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> None:
+=======
+    try:
+        lost = asyncio.run(_serve(llm, settings, telemetry, thread))
+    finally:
+        llm.close()  # tensor-parallel workers, if any
+    return 1 if lost else 0
+
+
+async def _serve(llm, settings, telemetry, thread=None) -> bool:
+    """Serve until a signal, or until a tensor-parallel worker is lost (then True)."""
+>>>>>>> i32
     import structlog
 
     from server.app import create_server
@@ -178,7 +190,17 @@ async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> Non
         if not stopping:
             stopping.append(loop.create_task(server.stop(drain_seconds=0) if idle else server.stop()))
 
+    lost: list[Exception] = []
+
+    def on_lost(err: Exception) -> None:  # the model cannot run: NOT_SERVING, streams end, exit 1
+        lost.append(err)
+        log.error("server.worker_lost", error=str(err))
+        if not stopping:
+            stopping.append(loop.create_task(server.stop(drain_seconds=0)))
+
+    llm.on_worker_lost(lambda err: loop.call_soon_threadsafe(on_lost, err))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     await server.wait()
     telemetry.shutdown()
+    return bool(lost)

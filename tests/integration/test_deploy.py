@@ -33,7 +33,7 @@ from server.telemetry import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "gpu-tp8")
 K8S_VERSIONS = (min(all_versions(), key=lambda v: tuple(map(int, v.split(".")))),
                 max(all_versions(), key=lambda v: tuple(map(int, v.split(".")))))
 EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
@@ -252,6 +252,18 @@ def test_rolling_updates_fit_the_nodes():
     gpu = one(render("overlays/gpu"), "Deployment")["spec"]["strategy"]
     assert cpu["type"] == "RollingUpdate" and cpu["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert gpu["type"] == "RollingUpdate" and gpu["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_tensor_parallel_overlay_asks_one_gpu_per_rank_and_a_memory_backed_shm():
+    docs = render("overlays/gpu-tp8")
+    a, c = serve_args(docs), container(docs)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert a.tensor_parallel_size == 8 and a.device.startswith("cuda") and str(a.model) == "/models"
+    assert int(c["resources"]["limits"]["nvidia.com/gpu"]) == a.tensor_parallel_size
+    assert int(c["resources"]["requests"]["nvidia.com/gpu"]) == a.tensor_parallel_size
+    (shm,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[shm["name"]]["emptyDir"]["medium"] == "Memory"
 
 
 # ---------------------------------------------------------------- Dockerfiles

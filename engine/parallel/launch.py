@@ -1,0 +1,117 @@
+"""Start the worker ranks, load the leader's shard, and supervise the group.
+
+`start` checks the sizes (before any process starts), spawns ranks 1..N-1 (torch.multiprocessing
+spawn; each loads only its shard), joins the group as rank 0 and returns the leader's
+`MirroredModel`. A watcher thread waits on the workers' process sentinels: a worker that exits
+breaks the group at once (later calls raise `WorkerLost` naming the rank) and calls the
+`on_lost` callbacks (the server goes NOT_SERVING and exits). A worker that hangs is caught by
+the collectives' timeout. Closing stops the workers, and kills any that do not stop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import pickle
+import tempfile
+import threading
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine.config import EngineConfig, ModelConfig
+from engine.parallel import worker
+from engine.parallel.group import Plan, backend_for, check_sizes, init_group
+from engine.parallel.mirror import Channel, MirroredModel
+from engine.parallel.shard import checkpoint_parameters, load_shard
+
+log = logging.getLogger("celeris.parallel")
+START_TIMEOUT_S = 600.0  # loading a large shard takes a while
+
+
+def device_of(device: str, rank: int) -> str:
+    return "cpu" if device == "cpu" else f"cuda:{rank}"
+
+
+class Supervisor:
+    """Watches the worker processes; stops them when the leader closes."""
+
+    def __init__(self, procs: list, conns: list, channel: Channel):
+        self.procs, self.conns, self.channel = procs, conns, channel
+        self.on_lost = channel.on_lost  # callbacks: the group is broken (a worker died or hung)
+        self.closing = False
+        atexit.register(self.close)  # a leader that never called close still stops its workers quietly
+        threading.Thread(target=self._watch, name="celeris-tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        ready = wait([p.sentinel for p in self.procs])
+        if self.closing:
+            return
+        rank = next(r for r, p in enumerate(self.procs, start=1) if p.sentinel in ready)
+        self.procs[rank - 1].join(timeout=5)  # reap it, for its exit code
+        had_callbacks = bool(self.on_lost)
+        lost = self.channel.fail(rank, f"exited (code {self.procs[rank - 1].exitcode})")
+        if not had_callbacks:  # else a callback reports it (one line)
+            log.error("%s", lost)
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        atexit.unregister(self.close)
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(("stop", None)))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=1 if self.channel.lost else 10)  # a broken group's ranks may never stop
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if dist.is_initialized():  # so that this process may form another group later
+            dist.destroy_process_group()
+
+
+def _await_ready(procs: list, conns: list, timeout_s: float) -> None:
+    for rank, (p, conn) in enumerate(zip(procs, conns), start=1):
+        if not conn.poll(timeout_s):
+            raise RuntimeError(f"tensor-parallel worker rank {rank} did not load within {timeout_s:.0f} s")
+        try:
+            conn.recv_bytes()
+        except EOFError:
+            raise RuntimeError(f"tensor-parallel worker rank {rank} failed to start (exit code {p.exitcode})") from None
+
+
+def start(folder: Path, config: EngineConfig) -> MirroredModel:
+    """The leader's model over `config.tensor_parallel_size` ranks; workers spawned here."""
+    plan = Plan(config.tensor_parallel_size, config.expert_parallel)
+    check_sizes(ModelConfig.from_dir(folder), plan)
+    n, backend = plan.size, backend_for(config.device)
+    address = "file://" + str(Path(tempfile.mkdtemp(prefix="celeris-tp-")) / "rendezvous")
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    for rank in range(1, n):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=worker.main, name=f"celeris-tp-rank{rank}", daemon=True,
+                        args=(rank, n, address, str(folder), plan, config.dtype, device_of(config.device, rank),
+                              backend, config.collective_timeout_s, child))
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    channel = Channel(conns, procs)
+    supervisor = Supervisor(procs, conns, channel)
+    try:
+        group = init_group(0, n, address, backend, config.collective_timeout_s)
+        shard = load_shard(folder, plan, group, config.dtype, device_of(config.device, 0))
+        _await_ready(procs, conns, START_TIMEOUT_S)
+    except BaseException:
+        supervisor.close()
+        raise
+    model = MirroredModel(shard, channel, supervisor.close)
+    model.supervisor = supervisor
+    model.total_parameters = checkpoint_parameters(folder)  # the leader holds 1/N of them
+    return model

@@ -1,0 +1,78 @@
+"""A worker rank: load this rank's shard, then repeat the leader's calls until told to stop.
+
+The leader sends each model call and KV cache store call over a pipe (engine/parallel/mirror.py);
+the worker makes the same call on its shard, which meets the leader's collectives. It keeps
+the last forward's keys/values (for the store write that follows) and the last cache read (for
+the cached forward that follows). A closed pipe means the leader is gone: the worker exits.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import torch
+
+from engine.cache import BlockKVStore, KVCacheStore
+from engine.model import KVCache
+from engine.parallel.group import Plan, init_group
+from engine.parallel.mirror import to_device
+from engine.parallel.shard import load_shard
+
+STORES = {cls.__name__: cls for cls in (KVCacheStore, BlockKVStore)}
+
+
+def follow(conn, model, device) -> None:
+    """Repeat the leader's calls until 'stop' or the pipe closes."""
+    store, pending, last_kvs = None, None, None
+    while True:
+        try:
+            op, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the leader is gone
+        if op == "stop":
+            return
+        payload = to_device(payload, device)
+        if op == "forward":
+            ids, kw, cached = payload
+            cache = None if cached is None else KVCache(pending[0], pending[1], cached[0], cached[1])
+            out = model(ids, cache=cache, **kw)
+            if kw["return_kv"]:
+                last_kvs = out[1]
+        elif op == "kv_store":
+            name, rows, max_len = payload
+            store = model.kv_store(STORES[name], rows, max_len)
+        elif op == "kv":
+            name, args = payload
+            if name in ("write", "write_columns"):
+                getattr(store, name)(*args, last_kvs)
+            elif name == "read":
+                c = store.read(*args)
+                pending = (c.keys, c.values)
+            else:  # read_prefix
+                pending = store.read_prefix(*args)
+        elif op == "ping":
+            conn.send_bytes(pickle.dumps("pong"))
+
+
+def main(rank: int, size: int, address: str, folder: str, plan: Plan, dtype: str, device: str, backend: str,
+         timeout_s: float, conn) -> None:
+    """A worker process's entry point (spawned by engine/parallel/launch.py)."""
+    if device == "cpu":
+        torch.set_num_threads(int(os.environ.get("CELERIS_WORKER_THREADS", "1")))
+    else:
+        torch.cuda.set_device(device)
+    try:
+        group = init_group(rank, size, address, backend, timeout_s)
+        model = load_shard(folder, plan, group, dtype, device)
+        conn.send_bytes(pickle.dumps("ready"))
+        with torch.inference_mode():
+            follow(conn, model, device)
+    except Exception as e:  # one line for the leader's log; the leader reports the rank
+        print(f"celeris tensor-parallel worker rank {rank}: {e.__class__.__name__}: {e}", file=sys.stderr)
+        os._exit(1)
+    # Leave without tearing the group down: the leader has gone on, and gloo's threads would
+    # abort a normal interpreter exit.
+    sys.stderr.flush()
+    os._exit(0)
