@@ -104,9 +104,14 @@ class Sequence:
     stop_len: Optional[int] = None  # generated ids kept after a stop string (through its last token)
     stop_text: str = ""  # the stop string that ended the output
     skipped: int = 0  # steps in a row the scheduler ran without this request
+    # Structured outputs (engine/structured): the skeleton is on the canvas from the start, and
+    # each step only the slots' fronts may commit, under their token masks.
+    constraint: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
+        if self.constraint is not None:
+            self.canvas = list(self.constraint.layout.canvas)
         self._schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
 
     @property
@@ -125,6 +130,8 @@ class Sequence:
     def tokens_this_step(self) -> int:
         """Fixed-schedule commit count for the next step (ignored by adaptive rules)."""
         p = self.params
+        if self.constraint is not None:  # every slot's front may commit: one token a slot a step
+            return p.block_length
         if p.schedule == "dream":  # from the masks still left in the block, every step
             n_masked = self.canvas[self.block_start:self.block_start + p.block_length].count(self.mask_id)
             return dream_transfer_count(n_masked, self.step_in_block, p.steps_per_block, p.eps)
@@ -202,10 +209,12 @@ class Sequence:
         for pos, tok in zip(positions, tokens):
             committed.append(self.block_start + pos)
             self.canvas[self.block_start + pos] = tok
+            if self.constraint is not None:
+                self.constraint.commit(self.block_start + pos, tok)
         self.token_logprobs.update(zip(committed, logprobs))
         self.nfe += 1
         self.step_in_block += 1
-        if p.adaptive:  # threshold / factor: a block ends when no mask is left in it
+        if p.adaptive or self.constraint is not None:  # threshold / factor: a block ends when no mask is left in it
             block_done = self.mask_id not in self.canvas[self.block_start:self.block_start + p.block_length]
         else:  # the fixed schedule commits the whole block in steps_per_block steps
             block_done = self.step_in_block >= p.steps_per_block
