@@ -51,7 +51,8 @@ class StructureError(ValueError):
 @dataclass(frozen=True)
 class Structured:
     """What a door asks for: kind in KINDS; value the schema (a dict or its JSON text), the
-    regex, or the list of choices; field names it in errors (the door's own spelling)."""
+    regex, or the list of choices; field is the value's path in the door's own spelling, the
+    root of every path an error names (e.g. response_format.json_schema.schema)."""
 
     kind: str
     value: object = None
@@ -96,7 +97,7 @@ class Compiler:
         f = spec.field
         try:
             if spec.kind == "json_schema":
-                parts = compile_schema(self._schema(spec.value, f), f"{f}.schema")
+                parts = compile_schema(self._schema(spec.value, f), f)
             elif spec.kind == "json_object":
                 parts = [json_object_slot(gen_length)]
             elif spec.kind == "regex":
@@ -113,13 +114,13 @@ class Compiler:
     def _schema(value: object, f: str) -> object:
         if isinstance(value, str):
             if len(value) > MAX_SCHEMA_CHARS:
-                raise StructureError(f"{f}.schema", f"at most {MAX_SCHEMA_CHARS} characters of JSON")
+                raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
             try:
                 return json.loads(value)
             except ValueError as e:
-                raise StructureError(f"{f}.schema", f"not valid JSON: {e}") from None
+                raise StructureError(f, f"not valid JSON: {e}") from None
         if len(json.dumps(value)) > MAX_SCHEMA_CHARS:
-            raise StructureError(f"{f}.schema", f"at most {MAX_SCHEMA_CHARS} characters of JSON")
+            raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
         return value
 
     @staticmethod
