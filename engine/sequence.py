@@ -107,6 +107,7 @@ class Sequence:
     # Structured outputs (engine/structured): the skeleton is on the canvas from the start, and
     # each step only the slots' fronts may commit, under their token masks.
     constraint: Any = field(default=None, repr=False)
+    skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -185,6 +186,8 @@ class Sequence:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
+        if self.constraint is not None and not self.skeleton_shown:  # streams show it from the first message
+            committed, confidences = self._with_skeleton(committed, confidences)
         canvas, num_blocks, settled = self._view(block, block_complete)
         generated = self._cut(canvas)
         lp = self.token_logprobs
@@ -199,6 +202,14 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
             stop_text=self.stop_text, provisional=() if self.finished else provisional)
+
+    def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
+        """`committed` with the structure's fixed positions (confidence 1), by position."""
+        self.skeleton_shown = True
+        fixed = [(i, 1.0) for i, t in enumerate(self.constraint.layout.canvas) if t != self.mask_id]
+        pairs = sorted(fixed + [pc for pc in zip(committed, confidences) if pc[0] >= len(self.constraint.layout.canvas)
+                                or self.constraint.layout.canvas[pc[0]] == self.mask_id])
+        return tuple(p for p, _ in pairs), tuple(c for _, c in pairs)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
               logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:

@@ -39,7 +39,7 @@ def _response_format(rf: Any, v: list[FieldViolation]) -> Optional[Structured]:
     if kind == "json_object":
         return Structured("json_object", None, "response_format")
     if kind != "json_schema":
-        v.append(FieldViolation("response_format.type", f"must be text, json_object or json_schema, got {clip(kind)}"))
+        v.append(FieldViolation("response_format.type", f"{clip(kind)} is not one of text, json_object, json_schema"))
         return None
     js = rf.get("json_schema")
     if not isinstance(js, dict) or not isinstance(js.get("schema"), (dict, str)):
