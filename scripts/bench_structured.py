@@ -10,8 +10,12 @@ doors are covered by tests/integration/test_structured_outputs.py). `bigvocab` i
 model with LLaDA-8B's vocabulary size (126,464: celeris-tiny's tokenizer extended with
 synthetic byte-level tokens, so masks cover a real-size vocabulary) and tiny layers.
 Throughput: output tokens/s = generated tokens that are not special (EOS, pad fillers) / wall
-time, 16 requests submitted at once (max_batch 16), constrained (the 20 schemas cycled) vs
-unconstrained (the same prompts and lengths), alternating, median of `repeats` each.
+time, and wall time per step, 16 requests submitted at once (max_batch 16), interleaved, median
+of `repeats` each, for three workloads: `free` (unconstrained, ignore_eos: every position is
+decoded, one token a step), `matched` (a regex of exactly gen_length printable characters: one
+slot over the whole canvas, one token a row a step, the same forwards as `free`; this isolates
+what the masks cost), and `schemas` (the schemas that fit the canvas, cycled: the skeleton is
+free and slots fill in parallel, so fewer steps).
 """
 
 from __future__ import annotations
@@ -132,17 +136,43 @@ def validity(llm: LLM, seeds: int) -> tuple[int, int, int, int, list[str]]:
     return ok_s, len(SCHEMAS) * seeds, ok_r, len(REGEXES) * seeds, bad
 
 
-def tokens_per_s(llm: LLM, constrained: bool) -> float:
-    base = replace(llm.defaults, gen_length=128, steps=128, block_length=32, temperature=1.0, ignore_eos=not constrained)
-    reqs = [Request(prompt="Answer:", params=replace(base, seed=i),
-                    structured=Structured("json_schema", SCHEMAS[i % len(SCHEMAS)]) if constrained else None)
+def fitting(llm: LLM, G: int) -> list[dict]:
+    """The schemas whose layout fits a canvas of G tokens."""
+    p = replace(llm.defaults, gen_length=G, steps=G, block_length=32)
+    out = []
+    for s in SCHEMAS:
+        try:
+            llm.build(Request(prompt="x", params=p, structured=Structured("json_schema", s)))
+            out.append(s)
+        except Exception:
+            pass
+    return out
+
+
+def spec(workload: str, i: int, G: int, schemas: list[dict]):
+    """The i-th request's constraint: None (free text), a schema (cycled), or `matched`: one
+    regex slot over the whole canvas, so rows commit one token a step like the free rows."""
+    if workload == "free":
+        return None
+    if workload == "schemas":
+        return Structured("json_schema", schemas[i % len(schemas)])
+    return Structured("regex", f"[ -~]{{{G}}}")
+
+
+def tokens_per_s(llm: LLM, workload: str, G: int, schemas: list[dict]) -> tuple[float, float]:
+    """(output tokens/s, seconds per step) of 16 requests run together."""
+    base = replace(llm.defaults, gen_length=G, steps=G, block_length=32, temperature=1.0,
+                   ignore_eos=workload == "free")
+    reqs = [Request(prompt="Answer:", params=replace(base, seed=i), structured=spec(workload, i, G, schemas))
             for i in range(16)]
     seqs = [llm.build(q) for q in reqs]
+    steps0 = llm.loop.steps
     t0 = time.perf_counter()
     results = llm.run(seqs)
     wall = time.perf_counter() - t0
     special = llm.tokenizer.special_ids
-    return sum(sum(1 for t in r.token_ids if t not in special) for r in results) / wall
+    return (sum(sum(1 for t in r.token_ids if t not in special) for r in results) / wall,
+            wall / max(1, llm.loop.steps - steps0))
 
 
 def main() -> None:
@@ -151,6 +181,7 @@ def main() -> None:
     ap.add_argument("--models", default="celeris-tiny,celeris-tiny-block,bigvocab")
     ap.add_argument("--throughput-model", default="celeris-tiny")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--length", type=int, default=64, help="gen_length of the throughput runs")
     a = ap.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
@@ -164,16 +195,19 @@ def main() -> None:
                 print("  INVALID", line)
         if a.repeats:
             llm = load(a.throughput_model, Path(tmp))
-            tokens_per_s(llm, True), tokens_per_s(llm, False)  # warm-up
-            free, con = [], []
-            for _ in range(a.repeats):  # alternating, so drift in machine load hits both
-                free.append(tokens_per_s(llm, False))
-                con.append(tokens_per_s(llm, True))
-            f, c = statistics.median(free), statistics.median(con)
-            print(f"throughput {a.throughput_model}, 16 concurrent, gen_length 128, steps 128, block 32, "
-                  f"temperature 1, CPU float32: unconstrained {f:.1f} tok/s, constrained {c:.1f} tok/s, "
-                  f"ratio {c / f:.3f} (medians of {a.repeats}; runs {[round(x, 1) for x in free]} / "
-                  f"{[round(x, 1) for x in con]})")
+            schemas = fitting(llm, a.length)
+            runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
+            for w in runs:
+                tokens_per_s(llm, w, a.length, schemas)  # warm-up
+            for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
+                for w in runs:
+                    runs[w].append(tokens_per_s(llm, w, a.length, schemas))
+            med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
+            print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
+                  f"temperature 1, CPU float32, medians of {a.repeats}:")
+            for w, (tps, sps) in med.items():
+                print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
+                      f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import torch
 
 from engine.sampling_batch import Allowed
 from engine.structured.regexes import RegexError, literal, max_width
-from engine.structured.schema import SchemaError, Slot, Text, compile_schema, json_object_slot
+from engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
 MAX_SCHEMA_CHARS = 32_768  # a schema's JSON text, checked before parsing
 MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256

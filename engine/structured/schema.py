@@ -169,7 +169,7 @@ def _string(s: dict, path: str) -> Slot:
     return Slot(f'"({body})"', width + 2, path, within=f'"{STRING_CHAR}*"')
 
 
-def _bound(s: dict, path: str, key: str, integer: bool):
+def _bound(s: dict, path: str, key: str):
     v = s.get(key)
     if v is None:
         return None
@@ -180,7 +180,7 @@ def _bound(s: dict, path: str, key: str, integer: bool):
 
 def _numeric(s: dict, path: str) -> Slot:
     _only(s, path, _SCALAR_KEYS | {"minimum", "maximum"})
-    lo, hi = _bound(s, path, "minimum", True), _bound(s, path, "maximum", True)
+    lo, hi = _bound(s, path, "minimum"), _bound(s, path, "maximum")
     if lo is not None and hi is not None and lo > hi:
         raise SchemaError(f"{path}.minimum", "must not exceed maximum")
     big = 10 ** MAX_DIGITS - 1
