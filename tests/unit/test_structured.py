@@ -15,7 +15,9 @@ import pytest
 from engine.errors import InvalidRequest
 from engine.llm import EMBEDDED_MODELS, LLM
 from engine.requests import Request
-from engine.structured.constraint import Structured
+from engine.config import ModelConfig
+from engine.structured.constraint import Compiler, Constraint, StructureError, Structured
+from engine.tokenizer import Tokenizer
 from engine.structured.regexes import int_range, max_width, RegexError
 from engine.structured.schema import SchemaError, compile_schema
 
@@ -63,6 +65,49 @@ def test_regex_width_is_bounded_before_compiling():
         max_width("a+b", "r")
 
 
+@pytest.fixture(scope="module")
+def compiler():
+    folder = EMBEDDED_MODELS["celeris-tiny"]
+    cfg = ModelConfig.from_json(json.loads((folder / "config.json").read_text()))
+    tok = Tokenizer.from_dir(folder, cfg)
+    return Compiler(tok, cfg.vocab_size), tok
+
+
+def test_skeleton_slots_fronts_and_filler(compiler):
+    comp, tok = compiler
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "yz"]}}}
+    layout = comp.compile(Structured("json_schema", schema, "s"), 32)
+    text = tok.render(layout.canvas)
+    assert text.startswith('{"a":') and '"b":' in text and len(layout.slots) == 2
+    assert all(layout.canvas[i] == tok.mask_id for s in layout.slots for i in range(s.start, s.start + s.capacity))
+    c = Constraint(layout, comp)
+    a, b = layout.slots
+    assert c.fronts(0, 32) == [a.start, b.start]  # one front a slot, in parallel
+    allowed = c.allowed(a.start)
+    assert {tok.token_text(i) for i in allowed.nonzero().flatten().tolist()} <= {"t", "f", "tr", "fa", "true", "false",
+                                                                               "tru", "fal", "fals"}
+    assert not allowed[comp.json_filler] and not allowed[tok.eos_id]  # nothing matched yet: no end
+    for t in comp._encode("true"):
+        c.commit(c.fronts(a.start, a.start + a.capacity)[0], t)
+    end = c.fronts(a.start, a.start + a.capacity)[0]
+    assert c.allowed(end)[comp.json_filler]  # a complete match may end
+    c.commit(end, comp.json_filler)
+    rest = c.fronts(a.start, a.start + a.capacity)
+    assert rest == list(range(end + 1, a.start + a.capacity))  # the slot's tail: all at once, filler only
+    assert all(c.allowed(p).sum() == 1 for p in rest)
+
+
+def test_regex_and_choice_fill_the_canvas_and_end_with_a_stop(compiler):
+    comp, tok = compiler
+    layout = comp.compile(Structured("choice", ["yes", "no"]), 8)
+    assert len(layout.slots) == 1 and layout.slots[0].capacity == 8 and layout.slots[0].filler == tok.eos_id
+    with pytest.raises(StructureError, match="tokens"):
+        comp.compile(Structured("regex", "[a-z]{20}"), 8)
+    with pytest.raises(StructureError) as e:
+        comp.compile(Structured("json_schema", {"type": "object", "properties": {"x": {"type": "string"}}}, "f"), 8)
+    assert e.value.path == "f" and "max_tokens" in e.value.reason
+
+
 @pytest.fixture(scope="module", params=["celeris-tiny", "celeris-tiny-block"])
 def llm(request):
     return LLM.load(EMBEDDED_MODELS[request.param])
@@ -76,6 +121,7 @@ def _run(llm, specs_prompts):
     return llm.run([llm.build(Request(prompt=p, params=params, structured=spec)) for spec, p, params in specs_prompts])
 
 
+@pytest.mark.slow  # seconds on an idle machine, minutes on a loaded one
 def test_outputs_always_validate_with_both_runners(llm):
     jobs = [(Structured("json_schema", PERSON), "Person:", _params(llm, s)) for s in range(3)]
     jobs += [(Structured("choice", ["not sure", "a/b", "x-y [z]"]), "Q:", _params(llm, 1)),
@@ -90,6 +136,7 @@ def test_outputs_always_validate_with_both_runners(llm):
     assert isinstance(json.loads(out[5]), dict)
 
 
+@pytest.mark.slow
 def test_alone_equals_batched_and_free_rows_are_untouched(llm):
     spec = Structured("json_schema", PERSON)
     alone = _run(llm, [(spec, "Person:", _params(llm, 7))])[0]
