@@ -7,6 +7,8 @@ GenerateRequest. Only this module and `client.py` touch `celeris.v1` messages.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -182,10 +184,12 @@ def _set_input(req: pb.GenerateRequest, prompt: Prompt) -> None:
 
 def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "every_step",
                   every_k_steps: int = 0, stream_format: str = "", provisional: bool = False,
-                  **knobs: Any) -> pb.GenerateRequest:
+                  structured_output: Optional[dict] = None, **knobs: Any) -> pb.GenerateRequest:
     """A GenerateRequest; knobs left out or None take the server's defaults. `stream_format`:
     "full" or "delta" (SnapshotFormat); empty leaves it unset (full). `provisional` (delta
-    only): snapshots also carry the current block's top predictions (Snapshot.provisional)."""
+    only): snapshots also carry the current block's top predictions (Snapshot.provisional).
+    `structured_output`: one of {"json_schema": schema (dict or JSON text)}, {"regex": str},
+    {"choice": [str, ...]}, {"json_object": True}: the text always matches it."""
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise TypeError(f"unknown generation knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOBS)}")
@@ -212,4 +216,23 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     req.stream_options.mode = STREAM_MODES[stream_mode]
     req.stream_options.every_k_steps = every_k_steps
     req.stream_options.provisional = bool(provisional)
+    if structured_output is not None:
+        _set_structured(req.structured_output, structured_output)
     return req
+
+
+def _set_structured(so: pb.StructuredOutput, spec: dict) -> None:
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in STRUCTURED_KINDS:
+        raise ValueError(f"structured_output must be one of {{kind: value}} with kind in {', '.join(STRUCTURED_KINDS)}")
+    kind, value = next(iter(spec.items()))
+    if kind == "json_schema":
+        so.json_schema = value if isinstance(value, str) else json.dumps(value)
+    elif kind == "choice":
+        so.choice.values.extend(value)
+    elif kind == "regex":
+        so.regex = value
+    else:
+        so.json_object = bool(value)
+
+
+STRUCTURED_KINDS = ("json_schema", "regex", "choice", "json_object")

@@ -32,6 +32,7 @@ from engine.model import KVCache, MaskPredictor
 from engine.runner_api import EMPTY, RowResult, StepStats, row_results
 from engine.sampler import published_order, select_tokens
 from engine.sampling_batch import RowKnobs, SamplingBatch, Window
+from engine.structured.constraint import window_masks
 
 
 class BlockRunner:
@@ -66,6 +67,8 @@ class BlockRunner:
     def load(self, seq: BlockSequence) -> None:
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
         row[:len(seq.prompt)] = torch.tensor(seq.prompt)
+        if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
+            row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
         self.tokens[seq.slot].copy_(row.to(self.device))
 
     @torch.no_grad()
@@ -144,7 +147,12 @@ class BlockRunner:
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
-        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt)
+        front, allowed = window_masks([None if s.constraint is None or s.phase != DENOISE else (s.constraint, [
+            s.window[0] + j - len(s.prompt) if j < s.window[1] - s.window[0] else -1 for j in range(Wq)])
+            for s in rows], Wq, dev)
+        if front is not None:  # structured rows: only their slots' fronts
+            candidate = candidate & front
+        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt, allowed)
         sel = select_tokens(logits, batch, window, self.family.rule)
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             sel = published_order(sel, candidate, batch, self.family.rule, [(s.params.block_length, 0) for s in rows])

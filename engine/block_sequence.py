@@ -31,6 +31,9 @@ class BlockSequence(Sequence):
         b, P = self.params.block_length, len(self.prompt)
         self.total = -(-(P + self.params.gen_length) // b) * b  # whole blocks covering prompt + G
         self.canvas = [self.mask_id] * (self.total - P)
+        if self.constraint is not None:  # the skeleton, and stop ids past the output
+            layout = self.constraint.layout.canvas
+            self.canvas = list(layout) + [self.constraint.layout.tail] * (self.total - P - len(layout))
         self.first_block = P // b
         self.block = self.first_block  # absolute index of the block being decoded
         self.prefilled = 0
@@ -65,6 +68,8 @@ class BlockSequence(Sequence):
     def tokens_this_step(self) -> int:
         """The fixed schedule's count (SDAR / LLaDA2: the block's length split over its steps,
         remainder first); at most the masks left, which the sampler enforces."""
+        if self.constraint is not None:  # every slot's front may commit
+            return self.params.block_length
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]
 
     @property
@@ -114,6 +119,8 @@ class BlockSequence(Sequence):
             for pos, tok in zip(positions, tokens):
                 self.canvas[start + pos - P] = tok
                 committed.append(start + pos - P)
+                if self.constraint is not None:
+                    self.constraint.commit(start + pos - P, tok)
             self.token_logprobs.update(zip(committed, logprobs))
             self.step_in_block += 1
             if self.mask_id not in self.canvas[max(start - P, 0):end - P]:

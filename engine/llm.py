@@ -180,7 +180,10 @@ class LLM:
                  on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
         """Run prompts to completion, batched step by step like the server does."""
         params = params or self.defaults
-        seqs = [self.request(p, params) for p in prompts]
+        return self.run([self.request(p, params) for p in prompts], on_event)
+
+    def run(self, seqs: Seq[Sequence], on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
+        """Run built sequences (`build`, e.g. of a `Request` with a structured output) to completion."""
         for s in seqs:
             self.loop.add(s, bounded=False)  # offline: the caller owns the whole list
         with torch.inference_mode():

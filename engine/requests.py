@@ -21,6 +21,7 @@ from engine.errors import FieldViolation, InvalidRequest, clip
 from engine.family import Family
 from engine.params import MAX_SEED, SamplingParams
 from engine.sequence import Sequence
+from engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from engine.tokenizer import Tokenizer
 
 Prompt = Union[str, Seq[int]]
@@ -38,6 +39,7 @@ class Request:
     messages: Optional[Seq[dict]] = None
     params: Optional[SamplingParams] = None  # None: the model's defaults
     request_id: str = ""  # empty: one is made up
+    structured: Optional[Structured] = None  # structured output (engine/structured), None: free text
 
     def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
         """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
@@ -57,6 +59,12 @@ class Requests:
     def __init__(self, tokenizer: Tokenizer, config: EngineConfig, defaults: SamplingParams, family: Family):
         self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
+        self._compiler: Optional[Compiler] = None  # built on the first structured request
+
+    @property
+    def family_vocab(self) -> int:
+        """The model's vocabulary size: the width of every token mask."""
+        return self.tokenizer.vocab_size
 
     @property
     def max_prompt_chars(self) -> int:
@@ -134,9 +142,31 @@ class Requests:
             ids = self._prompt_ids(req)
         except InvalidRequest as e:
             v += e.violations
+        constraint = None
+        if req.structured is not None and not v:
+            try:
+                constraint = self.constraint(req.structured, params)
+            except InvalidRequest as e:
+                v += e.violations
         if v:
             raise InvalidRequest(v)
-        return self._sequence(ids, params, rid)
+        return self._sequence(ids, params, rid, constraint)
+
+    def constraint(self, spec: Structured, params: SamplingParams) -> Constraint:
+        """A structured output's per-request state (sizes are checked before anything compiles;
+        callers run this on a worker thread). Options that could cut or bend the structure
+        (stop strings and ids, min_tokens) are refused with it, never applied half-way."""
+        v = [FieldViolation(name, f"cannot be combined with {spec.field}: it could cut the structure")
+             for name, bad in (("stop", params.stop), ("stop_token_ids", params.stop_token_ids),
+                               ("min_tokens", params.min_tokens)) if bad]
+        if v:
+            raise InvalidRequest(v)
+        if self._compiler is None:
+            self._compiler = Compiler(self.tokenizer, self.family_vocab)
+        try:
+            return Constraint(self._compiler.compile(spec, params.gen_length), self._compiler)
+        except StructureError as e:
+            raise InvalidRequest([FieldViolation(e.path, e.reason)]) from None
 
     def violations(self, params: SamplingParams) -> list[FieldViolation]:
         """Every reason these parameters cannot run here: their own limits, this engine's
@@ -226,7 +256,8 @@ class Requests:
             raise InvalidRequest(v)
         return self._sequence(prompt_ids, params, request_id)
 
-    def _sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Sequence:
+    def _sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                  constraint: Optional[Constraint] = None) -> Sequence:
         """The decoding state of a validated request, with a seed when none was given."""
         if params.seed is None:
             params = params.with_seed(secrets.randbits(63))
@@ -235,7 +266,8 @@ class Requests:
         stops = dict(stop_ids=stop_ids, mask_id=self.tokenizer.mask_id,
                      find_stop_text=self.tokenizer.stop_finder(params.stop) if params.stop else None)
         if self.family.block:
-            return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk, **stops)
+            return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk,
+                                 constraint=constraint, **stops)
         if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
             params = replace(params, kv_cache=self.config.kv_cache)
-        return Sequence(rid, prompt_ids, params, **stops)
+        return Sequence(rid, prompt_ids, params, constraint=constraint, **stops)

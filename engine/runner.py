@@ -29,6 +29,7 @@ from engine.runner_api import EMPTY, RowResult, StepStats, row_results
 from engine.sampler import published_order, select_tokens
 from engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from engine.sequence import Sequence
+from engine.structured.constraint import window_masks
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)
@@ -105,6 +106,8 @@ class Runner:
         """Write a new request's prompt + masked canvas into its slot (right-aligned)."""
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
         row[self.max_len - seq.length:self.max_len - seq.params.gen_length] = torch.tensor(seq.prompt)
+        if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
+            row[self.max_len - seq.params.gen_length:] = torch.tensor(seq.canvas)
         self.canvas[seq.slot].copy_(row.to(self.device))
 
     # ------------------------------------------------------------------ host side
@@ -179,7 +182,7 @@ class Runner:
             graph = mode == "full" and self.use_graphs
             view = self._view(b, geo)
             logits = self._replay(b, geo) if graph else self._forward(mode, b, view, geo, group)
-            for i, r in zip(members, self._select(b, geo, view, logits, batch, spans)):
+            for i, r in zip(members, self._select(b, geo, view, logits, batch, spans, group)):
                 results[i] = r
                 committed += len(r.positions)
             graphed |= graph
@@ -218,14 +221,19 @@ class Runner:
         return logits
 
     def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
-                spans: list[tuple[int, int]]) -> list[RowResult]:
+                spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> list[RowResult]:
         """Select over the window, write the picks back by position, and read the rows' results."""
         B, L, W = b.B, b.L, b.W
         tokens = torch.gather(v.ids, 1, v.out_index)
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         pos = geo[BLOCK_START][:, None] + w[None, :]  # generated-region positions key the noise
-        window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN])
+        front, allowed = window_masks([None if s.constraint is None else (s.constraint, [
+            s.block_start + j if j < s.params.block_length else -1 for j in range(W)]) for s in group]
+            + [None] * (B - len(group)), W, self.device)
+        if front is not None:  # structured rows: only their slots' fronts
+            candidate = candidate & front
+        window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN], allowed)
         rule = self.family.rule
         sel = select_tokens(logits, batch, window, rule)
         if self.device.type == "cpu":  # CUDA keeps the graph-safe stable order

@@ -146,6 +146,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     threshold). Fixed shapes, no host synchronisation: this can run after a CUDA graph replay.
     """
     B, W, V = logits.shape
+    if window.allowed is not None:  # structured outputs: before everything that reads the logits
+        logits = constrain(logits, window.allowed.flat, window.allowed.tokens)
     if batch.frequency is not None:
         logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
                           batch.stop_ids, rule.mask_id)
@@ -171,6 +173,15 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     conf = torch.where(window.candidate, conf, torch.full_like(conf, NEG_INF))
     commit, n_commit = _commit(conf, window.candidate, batch, rule.block_threshold)
     return Selection(x0, commit, conf, n_commit)
+
+
+def constrain(logits: torch.Tensor, flat: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits (B, W, V) with -inf outside each constrained position's allowed tokens: flat (N,)
+    indexes the B * W positions, allowed (N, V). Only those N rows of the vocabulary are touched."""
+    B, W, V = logits.shape
+    out = logits.reshape(B * W, V).clone()
+    out[flat] = out[flat].masked_fill(~allowed, NEG_INF)
+    return out.view(B, W, V)
 
 
 def _commit(conf: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch, block_threshold: bool

@@ -6,7 +6,8 @@
   it with `SamplingBatch.build` from their rows; padding rows (a batch rounded up to its bucket)
   get neutral knobs.
 - `Window`: the rows' state over the positions being decoded this step (tokens, candidates, the
-  positions that key the noise and `min_tokens`, the canvas the penalties count over).
+  positions that key the noise and `min_tokens`, the canvas the penalties count over, and the
+  structured-output token masks as an `Allowed`, None when no row is constrained).
 - `Selection`: what `sampler.select_tokens` returns.
 
 Adding a sampling knob: a field of `SamplingParams` (engine/params.py, with its table entry), a
@@ -135,6 +136,17 @@ class Window:
     canvas_pos: torch.Tensor  # (B, W) position in the generated region (min_tokens)
     canvas: Optional[torch.Tensor] = None  # (B, L) ids the penalties count (needed with penalties)
     response_from: Optional[torch.Tensor] = None  # (B,) column where each row's response starts in it
+    allowed: Optional[Allowed] = None  # structured outputs' token masks; None when no row is constrained
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The tokens a constrained row may commit at its candidate positions (engine/structured):
+    rows N of (B * W) flattened window positions, each with its (V,) allowed set. The runner has
+    already narrowed those rows' candidates to these positions."""
+
+    flat: torch.Tensor  # (N,) long, b * W + w
+    tokens: torch.Tensor  # (N, V) bool
 
 
 @dataclass(frozen=True)

@@ -104,9 +104,15 @@ class Sequence:
     stop_len: Optional[int] = None  # generated ids kept after a stop string (through its last token)
     stop_text: str = ""  # the stop string that ended the output
     skipped: int = 0  # steps in a row the scheduler ran without this request
+    # Structured outputs (engine/structured): the skeleton is on the canvas from the start, and
+    # each step only the slots' fronts may commit, under their token masks.
+    constraint: Any = field(default=None, repr=False)
+    skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
+        if self.constraint is not None:
+            self.canvas = list(self.constraint.layout.canvas)
         self._schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
 
     @property
@@ -125,6 +131,8 @@ class Sequence:
     def tokens_this_step(self) -> int:
         """Fixed-schedule commit count for the next step (ignored by adaptive rules)."""
         p = self.params
+        if self.constraint is not None:  # every slot's front may commit: one token a slot a step
+            return p.block_length
         if p.schedule == "dream":  # from the masks still left in the block, every step
             n_masked = self.canvas[self.block_start:self.block_start + p.block_length].count(self.mask_id)
             return dream_transfer_count(n_masked, self.step_in_block, p.steps_per_block, p.eps)
@@ -178,6 +186,8 @@ class Sequence:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
+        if self.constraint is not None and not self.skeleton_shown:  # streams show it from the first message
+            committed, confidences = self._with_skeleton(committed, confidences)
         canvas, num_blocks, settled = self._view(block, block_complete)
         generated = self._cut(canvas)
         lp = self.token_logprobs
@@ -193,6 +203,14 @@ class Sequence:
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
             stop_text=self.stop_text, provisional=() if self.finished else provisional)
 
+    def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
+        """`committed` with the structure's fixed positions (confidence 1), by position."""
+        self.skeleton_shown = True
+        fixed = [(i, 1.0) for i, t in enumerate(self.constraint.layout.canvas) if t != self.mask_id]
+        pairs = sorted(fixed + [pc for pc in zip(committed, confidences) if pc[0] >= len(self.constraint.layout.canvas)
+                                or self.constraint.layout.canvas[pc[0]] == self.mask_id])
+        return tuple(p for p, _ in pairs), tuple(c for _, c in pairs)
+
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
               logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
         """Commit the runner's picks (block-relative positions) and advance the schedule."""
@@ -202,10 +220,12 @@ class Sequence:
         for pos, tok in zip(positions, tokens):
             committed.append(self.block_start + pos)
             self.canvas[self.block_start + pos] = tok
+            if self.constraint is not None:
+                self.constraint.commit(self.block_start + pos, tok)
         self.token_logprobs.update(zip(committed, logprobs))
         self.nfe += 1
         self.step_in_block += 1
-        if p.adaptive:  # threshold / factor: a block ends when no mask is left in it
+        if p.adaptive or self.constraint is not None:  # threshold / factor: a block ends when no mask is left in it
             block_done = self.mask_id not in self.canvas[self.block_start:self.block_start + p.block_length]
         else:  # the fixed schedule commits the whole block in steps_per_block steps
             block_done = self.step_in_block >= p.steps_per_block

@@ -78,6 +78,10 @@ class Tokenizer:
         tc = json.loads(tc_path.read_text()) if tc_path.is_file() else {}
         return cls(HFTokenizer.from_file(str(path)), cfg, tc)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (structured outputs build their token masks from it)."""
+        return self._tok.to_str()
+
     def encode(self, text: str) -> list[int]:
         """User text to ids, special-token markers included as plain text (BOS added if configured)."""
         ids = self._ids(self._plain, text)

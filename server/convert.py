@@ -23,6 +23,7 @@ from engine.llm import Request
 from engine.params import SamplingParams, fit_lengths
 from engine.sequence import FinishReason, Sequence, StepEvent
 from engine.tokenizer import MASK_MARKER, Tokenizer
+from server.structured_api import from_fields
 
 REMASKING_TO_ENGINE = {
     pb.REMASKING_LOW_CONFIDENCE: "low_confidence",
@@ -98,8 +99,11 @@ def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request
     prompt = req.prompt if which == "prompt" else None
     token_ids = list(req.token_ids.ids) if which == "token_ids" else None
     messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
+    kind = req.structured_output.WhichOneof("kind") if req.HasField("structured_output") else None
+    value = getattr(req.structured_output, kind) if kind else None
+    structured = from_fields(kind, value.values if kind == "choice" else value) if kind else None
     return Request(prompt=prompt, token_ids=token_ids, messages=messages, params=sampling_params(req, defaults),
-                   request_id=req.request_id)
+                   request_id=req.request_id, structured=structured)
 
 
 def _enum(value: int, table: dict[int, str], unspecified: int = 0) -> Optional[str]:

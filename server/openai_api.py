@@ -9,8 +9,9 @@ remasking, and `diffusing` (stream snapshots: true or "delta" sends only the cha
 "full" the whole canvas every step); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
 `ignore_eos` as in vLLM; `stop`, `logprobs` / `top_logprobs`, `frequency_penalty` and
 `presence_penalty` as OpenAI. OpenAI parameters this server cannot honour (repetition_penalty,
-logit_bias, response_format, tools, best_of, suffix) and unknown keys are a 400 naming the field
-unless they carry their neutral value.
+logit_bias, tools, best_of, suffix) and unknown keys are a 400 naming the field
+unless they carry their neutral value. `response_format` (json_object, json_schema) and vLLM's
+`structured_outputs` (json, regex, choice) are read by server/structured_api.py.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -29,7 +30,9 @@ from engine.errors import FieldViolation, InvalidRequest, clip
 from engine.knobs import BOOL, CHOICE, FLOAT, INT, on
 from engine.llm import Request
 from engine.params import MAX_SEED, SamplingParams, fit_lengths
+from engine.structured.constraint import Structured
 from server.errors import ModelNotFound, error_body, to_openai
+from server.structured_api import FIELDS as STRUCTURED_FIELDS, from_body as structured_from_body
 
 # Knob body fields by kind, from the knob table (engine/knobs.py), plus the OpenAI fields that
 # are not knobs. Enum knobs travel as strings and are checked by the engine.
@@ -41,7 +44,7 @@ BOOLS = tuple(k.http for k in on("http", BOOL))
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (1,), "suffix": ("",), "repetition_penalty": (1,), "logit_bias": ({},),
-    "response_format": ({"type": "text"},), "tools": ([],),
+    "tools": ([],),
     "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
 # Known fields that change nothing here: metadata and tool settings that only matter with tools.
@@ -49,7 +52,8 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
 OPENAI_KNOBS = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stop")
 EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing")
-COMMON = (*OPENAI_KNOBS, "stream", "n", "echo", "logprobs", "top_logprobs", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED)
+COMMON = (*OPENAI_KNOBS, "stream", "n", "echo", "logprobs", "top_logprobs", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED,
+          *STRUCTURED_FIELDS)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
 DIFFUSING_FORMATS = ("delta", "full")  # `diffusing` as a string: the stream format; true is "delta"
@@ -70,6 +74,7 @@ class GatewayRequest:
     model: str = ""  # the served name the client asked for (echoed in responses), else the first
     diffusing_format: str = "delta"  # with diffusing: "delta" (changed positions) or "full" (whole canvas)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with empty choices and the usage
+    structured: Optional[Structured] = None  # response_format / structured_outputs (server/structured_api.py)
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -205,11 +210,14 @@ def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
     numbered, out = len(req.prompts) * req.n > 1, []
     for i, prompt in enumerate(req.prompts):
         if req.chat:
-            one = Request(messages=req.messages, params=req.params, request_id=request_id)
+            one = Request(messages=req.messages, params=req.params, request_id=request_id,
+                          structured=req.structured)
         elif isinstance(prompt, str):
-            one = Request(prompt=prompt, params=req.params, request_id=request_id)
+            one = Request(prompt=prompt, params=req.params, request_id=request_id,
+                          structured=req.structured)
         else:
-            one = Request(token_ids=prompt, params=req.params, request_id=request_id)
+            one = Request(token_ids=prompt, params=req.params, request_id=request_id,
+                          structured=req.structured)
         out += one.samples(req.n, first=i * req.n, numbered=numbered)
     return out
 
@@ -263,6 +271,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     _unsupported(body, chat, v)
     messages = _messages(body, v) if chat else None
     prompts = [""] if chat else _prompts(body, v)
+    structured = structured_from_body(body, v)
     n = x.get("n", 1)
     if not 1 <= n <= MAX_CHOICES or len(prompts) * n > MAX_CHOICES:
         v.append(FieldViolation("n", f"prompts x n must be in [1, {MAX_CHOICES}], got {len(prompts)} x {n}"))
@@ -294,7 +303,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     diffusing = body.get("diffusing")
     return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
                           length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta",
-                          _include_usage(body))
+                          _include_usage(body), structured)
 
 
 def _include_usage(body: dict) -> bool:

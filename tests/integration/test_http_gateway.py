@@ -134,7 +134,7 @@ def test_400_names_the_parameter(live):
 @pytest.mark.parametrize("kwargs, param", [
     ({"extra_body": {"repetition_penalty": 1.3}}, "repetition_penalty"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"extra_body": {"mirostat": 2}}, "mirostat"),  # an unknown key is named, never ignored
 ])
 def test_unsupported_openai_fields_are_400_naming_the_field(live, kwargs, param):

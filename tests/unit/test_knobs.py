@@ -31,7 +31,7 @@ SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5
            "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.25, "logprobs": 2, "provisional": True,
            "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False}
 # GenerateRequest fields that are not sampling knobs.
-NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n"}
+NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n", "structured_output"}
 PROTO_KINDS = {INT: (FD.TYPE_UINT32, FD.TYPE_UINT64), FLOAT: (FD.TYPE_FLOAT,), BOOL: (FD.TYPE_BOOL,),
                CHOICE: (FD.TYPE_ENUM,), STRINGS: (FD.TYPE_STRING,), IDS: (FD.TYPE_UINT32,)}
 

@@ -163,8 +163,8 @@ def test_one_error_table_serves_both_doors():
     ({"prompt": "x", "presence_penalty": "high"}, False, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 1.2}, False, "repetition_penalty"),
     ({"prompt": "x", "logit_bias": {"50256": -100}}, False, "logit_bias"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, True,
-     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, True,
+     "response_format.type"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, True, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, True, "tools"),
     ({"prompt": "x", "temprature": 0.5}, False, "temprature"),  # a typo is named, not ignored

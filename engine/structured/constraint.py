@@ -1,0 +1,258 @@
+"""A request's structured-output constraint: canvas layout and per-slot token masks.
+
+`Structured` is what a door asks for (a JSON schema, `json_object`, a regex, or a choice list).
+`Compiler.compile` turns it, for one tokenizer and canvas length, into a `Layout`: the
+skeleton's token ids at fixed canvas positions (committed before the first step), the slots
+(start, capacity, regex) and the tail (stop ids after the structure). `Constraint` is the
+per-request state the engine carries in the `Sequence`.
+
+The out-of-order part, ours: slots fill left to right inside each slot and in parallel across
+slots, so at each step only each unfinished slot's leftmost masked position (its *front*) is a
+candidate, and its allowed tokens are those the slot's matcher (llguidance) accepts next. A
+slot shorter than its capacity ends with its *filler*: the filler is allowed only where the
+slot's text is a complete match, and once chosen every later position of the slot must be the
+filler. The filler is the tokenizer's pad id where that is a special id decode drops and not a
+stop id (the final text is exactly the JSON); else a space token between JSON values (still
+exactly valid JSON), or, for a regex/choice filling the whole canvas, a stop id (the output
+ends there). Capacities are at least the most bytes a slot's regex can match, and a token
+covers at least one byte, so a slot never runs out of room before its match is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence as Seq
+
+import llguidance
+import torch
+
+from engine.sampling_batch import Allowed
+from engine.structured.regexes import RegexError, literal, max_width
+from engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
+
+MAX_SCHEMA_CHARS = 32_768  # a schema's JSON text, checked before parsing
+MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256
+KINDS = ("json_schema", "json_object", "regex", "choice")
+# llguidance's own work bounds (lexer states, parser items, mask-computation fuel), checked as it
+# compiles a grammar and per token: a hostile regex fails instead of stalling a thread.
+LIMITS = llguidance.LLParserLimits(max_lexer_states=50_000, step_lexer_fuel=2_000_000)
+
+
+class StructureError(ValueError):
+    """A structure that cannot be served: `path` names the field (or schema path)."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+@dataclass(frozen=True)
+class Structured:
+    """What a door asks for: kind in KINDS; value the schema (a dict or its JSON text), the
+    regex, or the list of choices; field is the value's path in the door's own spelling, the
+    root of every path an error names (e.g. response_format.json_schema.schema)."""
+
+    kind: str
+    value: object = None
+    field: str = "structured_output"
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    start: int  # canvas position of its first token
+    capacity: int
+    grammar: str
+    filler: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    canvas: tuple[int, ...]  # skeleton ids, mask at slot positions, the tail's stop id
+    slots: tuple[SlotSpec, ...]
+    tail: int  # the stop id after the structure (block models decode past gen_length)
+
+
+class Compiler:
+    """Compiles `Structured` requests for one tokenizer (building llguidance's tokenizer once)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.tok = tokenizer
+        self.ll = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size, eos_token=tokenizer.eos_id)
+        self.vocab_size = vocab_size
+        pad = tokenizer.pad_id
+        self.pad = pad if pad in tokenizer.special_ids and pad not in tokenizer.stop_ids and pad != tokenizer.mask_id \
+            else None
+        space = self._encode(" ")
+        self.json_filler = self.pad if self.pad is not None else (space[0] if len(space) == 1 else None)
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self.tok.encode(text)
+        return ids[1:] if self.tok.add_bos else ids
+
+    def compile(self, spec: Structured, gen_length: int) -> Layout:
+        """The layout of `spec` on a canvas of gen_length positions; StructureError if it is
+        outside the supported subset or does not fit."""
+        f = spec.field
+        try:
+            if spec.kind == "json_schema":
+                parts = compile_schema(self._schema(spec.value, f), f)
+            elif spec.kind == "json_object":
+                parts = [json_object_slot(gen_length)]
+            elif spec.kind == "regex":
+                return self._whole(self._regex(spec.value, f), gen_length, f)
+            elif spec.kind == "choice":
+                return self._whole(self._choice(spec.value, f), gen_length, f)
+            else:
+                raise StructureError(f, f"unknown kind {spec.kind!r}; one of {', '.join(KINDS)}")
+        except (SchemaError, RegexError) as e:
+            raise StructureError(e.path, e.reason) from None
+        return self._json_layout(parts, gen_length, f)
+
+    @staticmethod
+    def _schema(value: object, f: str) -> object:
+        if isinstance(value, str):
+            if len(value) > MAX_SCHEMA_CHARS:
+                raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
+            try:
+                return json.loads(value)
+            except ValueError as e:
+                raise StructureError(f, f"not valid JSON: {e}") from None
+        if len(json.dumps(value)) > MAX_SCHEMA_CHARS:
+            raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
+        return value
+
+    @staticmethod
+    def _regex(value: object, f: str) -> tuple[str, int]:
+        """(regex, most bytes a match takes). An ASCII regex is matched within ASCII (`_grammar`),
+        one byte a character; otherwise a character may take 4."""
+        if not isinstance(value, str) or not value:
+            raise StructureError(f, "must be a non-empty regex string")
+        width = max_width(value, f)
+        return value, width if value.isascii() else 4 * width
+
+    @staticmethod
+    def _choice(value: object, f: str) -> tuple[str, int]:
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_CHOICES:
+            raise StructureError(f, f"must list 1 to {MAX_CHOICES} strings")
+        for i, c in enumerate(value):
+            if not isinstance(c, str) or not c or len(c) > MAX_CHOICE_CHARS:
+                raise StructureError(f"{f}[{i}]", f"must be a non-empty string of at most {MAX_CHOICE_CHARS} characters")
+        return "(" + "|".join(literal(c) for c in value) + ")", max(len(c.encode()) for c in value)
+
+    def _whole(self, regex_bytes: tuple[str, int], gen_length: int, f: str) -> Layout:
+        """A regex or choice: the whole canvas is one slot, ended by a stop id."""
+        regex, need = regex_bytes
+        if need > gen_length:
+            raise StructureError(f, f"its matches can take {need} tokens; the canvas (max_tokens) has {gen_length}")
+        grammar = self._grammar(regex, f, r"[\x00-\x7f]*" if regex.isascii() else None)
+        return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id),),
+                      self.tok.eos_id)
+
+    def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
+        """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`)."""
+        if within is None:
+            grammar = llguidance.LLMatcher.grammar_from_regex(regex)
+        else:
+            esc = lambda r: re.sub(r"(?<!\\)/", r"\/", r)  # noqa: E731  (lark's /.../ delimiters)
+            grammar = llguidance.LLMatcher.grammar_from_lark(f"start: S\nS: /{esc(regex)}/ & /{esc(within)}/")
+        msg = llguidance.LLMatcher.validate_grammar(grammar, self.ll, limits=LIMITS)
+        if msg:
+            raise StructureError(f, f"the constraint library refuses it: {msg[:200]}")
+        return grammar
+
+    def _json_layout(self, parts, gen_length: int, f: str) -> Layout:
+        if self.json_filler is None:
+            raise StructureError(f, "this model's tokenizer has no filler token (pad or a single-token space)")
+        canvas: list[int] = []
+        slots: list[SlotSpec] = []
+        for part in parts:
+            if isinstance(part, Text):
+                ids = self._encode(part.text)
+                if self.tok.decode(ids) != part.text:
+                    raise StructureError(f, f"the skeleton {part.text!r} does not decode back through this tokenizer")
+                canvas += ids
+            else:
+                slots.append(SlotSpec(len(canvas), part.max_bytes, self._grammar(part.regex, part.path, part.within),
+                                      self.json_filler))
+                canvas += [self.tok.mask_id] * part.max_bytes
+        if len(canvas) > gen_length:
+            raise StructureError(f, f"the schema needs {len(canvas)} canvas tokens; max_tokens is {gen_length}")
+        tail = min(self.tok.stop_ids) if self.tok.stop_ids else self.tok.eos_id
+        return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), tuple(slots), tail)
+
+
+class Constraint:
+    """One request's slots as it decodes: a matcher and a front per slot."""
+
+    def __init__(self, layout: Layout, compiler: Compiler):
+        self.layout = layout
+        self.V = compiler.vocab_size
+        self.words = (self.V + 31) // 32
+        self._matchers = [llguidance.LLMatcher(compiler.ll, s.grammar, limits=LIMITS) for s in layout.slots]
+        self._ended = [False] * len(layout.slots)
+        self._eos = compiler.tok.eos_id
+        self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
+
+    def fronts(self, lo: int, hi: int) -> list[int]:
+        """Canvas positions in [lo, hi) that may commit this step (each live slot's front)."""
+        return sorted(p for p in self._by_front if lo <= p < hi)
+
+    def allowed(self, pos: int) -> torch.Tensor:
+        """(V,) bool: the tokens the slot whose front is `pos` may commit there."""
+        i = self._by_front[pos]
+        filler = self.layout.slots[i].filler
+        out = torch.zeros(self.V, dtype=torch.bool)
+        if self._ended[i]:
+            out[filler] = True
+            return out
+        m = self._matchers[i]
+        bits = torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.uint8)
+        mask = ((bits[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()[:self.V]
+        out[:mask.numel()] = mask
+        out[self._eos] = False  # ends are the filler's job
+        if m.is_accepting():
+            out[filler] = True
+        return out
+
+    def commit(self, pos: int, token: int) -> None:
+        """The slot whose front is `pos` committed `token` there: move its front right. A slot
+        that ends makes all its remaining positions fronts at once (each allows the filler only)."""
+        i = self._by_front.pop(pos)
+        s = self.layout.slots[i]
+        if self._ended[i]:
+            return
+        end = s.start + s.capacity
+        if token == s.filler and self._matchers[i].is_accepting():
+            self._ended[i] = True
+            self._by_front.update((p, i) for p in range(pos + 1, end))
+            return
+        if not self._matchers[i].consume_token(token):  # an invariant: the mask allowed it
+            raise RuntimeError(f"slot {i} refused token {token}: {self._matchers[i].get_error()}")
+        if pos + 1 < end:
+            self._by_front[pos + 1] = i
+
+
+def window_masks(rows: Seq[Optional[tuple[Constraint, list[int]]]], W: int, device: torch.device):
+    """A step's constrained rows as (front (B, W) bool: the columns that may commit, `Allowed`),
+    or (None, None) when no row is constrained: unconstrained batches pay nothing. rows[b] is
+    (constraint, the canvas position of each window column, -1 for none) or None (unconstrained:
+    every column may commit)."""
+    if all(r is None for r in rows):
+        return None, None
+    B = len(rows)
+    front = torch.ones(B, W, dtype=torch.bool)
+    flat, allowed = [], []
+    for b, r in enumerate(rows):
+        if r is None:
+            continue
+        c, cols = r
+        front[b] = False
+        col_of = {p: j for j, p in enumerate(cols) if p >= 0}
+        for p in c.fronts(min(col_of), max(col_of) + 1):
+            front[b, col_of[p]] = True
+            flat.append(b * W + col_of[p])
+            allowed.append(c.allowed(p))
+    tokens = torch.stack(allowed) if allowed else torch.zeros(0, 1, dtype=torch.bool)
+    return front.to(device), Allowed(torch.tensor(flat, dtype=torch.long, device=device), tokens.to(device))
