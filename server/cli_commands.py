@@ -154,23 +154,15 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               allowed_origins=tuple(a.allowed_origins or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
-<<<<<<< HEAD
-    asyncio.run(_serve(llm, settings, telemetry, thread, threads))
-    return 0
-
-
-async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> None:
-=======
     try:
-        lost = asyncio.run(_serve(llm, settings, telemetry, thread))
+        lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))
     finally:
         llm.close()  # tensor-parallel workers, if any
     return 1 if lost else 0
 
 
-async def _serve(llm, settings, telemetry, thread=None) -> bool:
+async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> bool:
     """Serve until a signal, or until a tensor-parallel worker is lost (then True)."""
->>>>>>> i32
     import structlog
 
     from server.app import create_server
