@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from engine.admission import check_room
-from engine.errors import EngineError, StepFailed, clip
+from engine.errors import EngineError, StepFailed, Unavailable, clip
 from engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
 from engine.sequence import Sequence, StepEvent
 from engine.step_loop import StepLoop, StepRecord
