@@ -159,40 +159,20 @@ def spec(workload: str, i: int, G: int, schemas: list[dict]):
     return Structured("regex", f"[ -~]{{{G}}}")
 
 
-MASK_SECONDS = [0.0]  # time spent building the rows' masks (engine.structured.constraint.window_masks)
-
-
-def _timed_masks() -> None:
-    """Count the host time of every runner's window_masks call (the constraint's own step cost)."""
-    import engine.block_runner
-    import engine.runner
-    inner = engine.runner.window_masks
-
-    def timed(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return inner(*a, **kw)
-        finally:
-            MASK_SECONDS[0] += time.perf_counter() - t0
-    engine.runner.window_masks = engine.block_runner.window_masks = timed
-
-
-def tokens_per_s(llm: LLM, workload: str, G: int, schemas: list[dict]) -> tuple[float, float, float]:
-    """(output tokens/s, seconds per step, share of the wall time spent building masks) of 16
-    requests run together."""
+def tokens_per_s(llm: LLM, workload: str, G: int, schemas: list[dict]) -> tuple[float, float]:
+    """(output tokens/s, seconds per step) of 16 requests run together."""
     base = replace(llm.defaults, gen_length=G, steps=G, block_length=32, temperature=1.0,
                    ignore_eos=workload == "free")
     reqs = [Request(prompt="Answer:", params=replace(base, seed=i), structured=spec(workload, i, G, schemas))
             for i in range(16)]
     seqs = [llm.build(q) for q in reqs]
     steps0 = llm.loop.steps
-    MASK_SECONDS[0] = 0.0
     t0 = time.perf_counter()
     results = llm.run(seqs)
     wall = time.perf_counter() - t0
     special = llm.tokenizer.special_ids
     return (sum(sum(1 for t in r.token_ids if t not in special) for r in results) / wall,
-            wall / max(1, llm.loop.steps - steps0), MASK_SECONDS[0] / wall)
+            wall / max(1, llm.loop.steps - steps0))
 
 
 def main() -> None:
@@ -214,7 +194,6 @@ def main() -> None:
             for line in bad[:10]:
                 print("  INVALID", line)
         if a.repeats:
-            _timed_masks()
             llm = load(a.throughput_model, Path(tmp))
             schemas = fitting(llm, a.length)
             runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
@@ -223,13 +202,12 @@ def main() -> None:
             for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
                 for w in runs:
                     runs[w].append(tokens_per_s(llm, w, a.length, schemas))
-            med = {w: tuple(statistics.median(x[i] for x in r) for i in range(3)) for w, r in runs.items()}
+            med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
             print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
                   f"temperature 1, CPU float32, medians of {a.repeats}:")
-            for w, (tps, sps, masks) in med.items():
+            for w, (tps, sps) in med.items():
                 print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
-                      f"({sps / med['free'][1]:.3f} of free)  masks {100 * masks:.1f}% of wall  "
-                      f"runs {[round(x[0], 1) for x in runs[w]]}")
+                      f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
 
 
 if __name__ == "__main__":
