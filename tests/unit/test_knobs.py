@@ -108,7 +108,7 @@ def test_the_client_takes_every_proto_knob_by_name():
 
 def test_the_page_controls_are_http_knobs():
     html = (ROOT / "clients" / "web" / "index.html").read_text()
-    controls = set(re.findall(r'<(?:input|select)[^>]*\bid="([a-z_]+)"', html)) - {"prompt", "token"}
+    controls = set(re.findall(r'<(?:input|select)[^>]*\bid="([a-z_]+)"', html)) - {"prompt", "token", "structured"}  # not knobs: input, auth
     assert controls and controls <= {k.http for k in on("http")}, controls - {k.http for k in on("http")}
 
 
