@@ -79,13 +79,22 @@ class Group:
         return self.all_reduce(x)
 
 
-def init_group(rank: int, size: int, address: str, backend: str, timeout_s: float,
-               start_timeout_s: float = 600.0) -> Group:
-    """Join the group at `address` (file:// or tcp://) as `rank` of `size`. The rendezvous may
-    wait `start_timeout_s` (ranks start at different speeds); the model's collectives run in a
+def leader_store(size: int, start_timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store, served by rank 0 on a free loopback port (`.port`)."""
+    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=start_timeout_s))
+
+
+def worker_store(port: int, size: int, start_timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, size, is_master=False,
+                         timeout=datetime.timedelta(seconds=start_timeout_s))
+
+
+def init_group(rank: int, size: int, store: dist.Store, backend: str, timeout_s: float) -> Group:
+    """Join the group through `store` as `rank` of `size`. The model's collectives run in a
     group of their own whose timeout is `timeout_s`."""
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=start_timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     pg = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=timeout_s))
     return Group(rank, size, pg)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import atexit
 import logging
 import pickle
-import tempfile
 import threading
+import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig, ModelConfig
 from engine.parallel import worker
-from engine.parallel.group import Plan, backend_for, check_sizes, init_group
+from engine.parallel.group import Plan, backend_for, check_sizes, init_group, leader_store
 from engine.parallel.mirror import Channel, MirroredModel
 from engine.parallel.shard import checkpoint_parameters, load_shard
 
@@ -85,19 +85,33 @@ def _await_ready(procs: list, conns: list, timeout_s: float) -> None:
             raise RuntimeError(f"tensor-parallel worker rank {rank} failed to start (exit code {p.exitcode})") from None
 
 
+def _join(n: int, backend: str, timeout_s: float, store, procs: list):
+    """Join the group as rank 0 once every worker is about to: a worker that dies before it
+    joins fails the start at once instead of leaving the rendezvous waiting for it."""
+    waiting = set(range(1, n))
+    while waiting:
+        waiting = {r for r in waiting if not store.check([f"joining/{r}"])}
+        dead = [(r, procs[r - 1].exitcode) for r in sorted(waiting) if not procs[r - 1].is_alive()]
+        if dead:
+            raise RuntimeError(f"tensor-parallel worker rank {dead[0][0]} exited (code {dead[0][1]}) before "
+                               "joining the group")
+        time.sleep(0.05 if waiting else 0)
+    return init_group(0, n, store, backend, timeout_s)
+
+
 def start(folder: Path, config: EngineConfig) -> MirroredModel:
     """The leader's model over `config.tensor_parallel_size` ranks; workers spawned here."""
     plan = Plan(config.tensor_parallel_size, config.expert_parallel)
     check_sizes(ModelConfig.from_dir(folder), plan)
     n, backend = plan.size, backend_for(config.device)
-    address = "file://" + str(Path(tempfile.mkdtemp(prefix="celeris-tp-")) / "rendezvous")
+    store = leader_store(n, START_TIMEOUT_S)
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     for rank in range(1, n):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=worker.main, name=f"celeris-tp-rank{rank}", daemon=True,
-                        args=(rank, n, address, str(folder), plan, config.dtype, device_of(config.device, rank),
-                              backend, config.collective_timeout_s, child))
+                        args=(rank, n, store.port, str(folder), plan, config.dtype, device_of(config.device, rank),
+                              backend, config.collective_timeout_s, START_TIMEOUT_S, child))
         p.start()
         child.close()
         procs.append(p)
@@ -105,7 +119,7 @@ def start(folder: Path, config: EngineConfig) -> MirroredModel:
     channel = Channel(conns, procs)
     supervisor = Supervisor(procs, conns, channel)
     try:
-        group = init_group(0, n, address, backend, config.collective_timeout_s)
+        group = _join(n, backend, config.collective_timeout_s, store, procs)
         shard = load_shard(folder, plan, group, config.dtype, device_of(config.device, 0))
         _await_ready(procs, conns, START_TIMEOUT_S)
     except BaseException:

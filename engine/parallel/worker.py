@@ -16,7 +16,7 @@ import torch
 
 from engine.cache import BlockKVStore, KVCacheStore
 from engine.model import KVCache
-from engine.parallel.group import Plan, init_group
+from engine.parallel.group import Plan, init_group, worker_store
 from engine.parallel.mirror import to_device
 from engine.parallel.shard import load_shard
 
@@ -56,15 +56,17 @@ def follow(conn, model, device) -> None:
             conn.send_bytes(pickle.dumps("pong"))
 
 
-def main(rank: int, size: int, address: str, folder: str, plan: Plan, dtype: str, device: str, backend: str,
-         timeout_s: float, conn) -> None:
+def main(rank: int, size: int, port: int, folder: str, plan: Plan, dtype: str, device: str, backend: str,
+         timeout_s: float, start_timeout_s: float, conn) -> None:
     """A worker process's entry point (spawned by engine/parallel/launch.py)."""
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("CELERIS_WORKER_THREADS", "1")))
     else:
         torch.cuda.set_device(device)
     try:
-        group = init_group(rank, size, address, backend, timeout_s)
+        store = worker_store(port, size, start_timeout_s)
+        store.set(f"joining/{rank}", "1")  # the leader waits for every rank's key, watching it live
+        group = init_group(rank, size, store, backend, timeout_s)
         model = load_shard(folder, plan, group, dtype, device)
         conn.send_bytes(pickle.dumps("ready"))
         with torch.inference_mode():

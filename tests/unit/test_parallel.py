@@ -99,6 +99,13 @@ def test_load_refuses_before_starting_workers(checkpoints):
         LLM.load(checkpoints["llada"], EngineConfig(tensor_parallel_size=3))
 
 
+@pytest.mark.slow
+def test_a_worker_that_dies_before_joining_fails_the_load(checkpoints, monkeypatch):
+    monkeypatch.setenv("CELERIS_WORKER_THREADS", "not-a-number")  # the worker raises before the rendezvous
+    with pytest.raises(RuntimeError, match="rank 1 exited"):
+        LLM.load(checkpoints["llada"], EngineConfig(tensor_parallel_size=2))
+
+
 def test_split_rules():
     tp, ep = Plan(2), Plan(2, expert_parallel=True)
     assert how("transformer.wte.weight", tp) == COLUMN
