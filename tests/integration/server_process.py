@@ -6,6 +6,7 @@ port 0, read it, close) and passed explicitly; a restarted server can then reuse
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -45,6 +46,18 @@ class ServerProcess:
                      "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                      "--threads", "1", "--log-format", "json", *extra]
         self.proc: Optional[subprocess.Popen] = None
+
+    def records(self) -> list[dict]:
+        """The JSON log records the server has written so far (other lines skipped)."""
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
 
     @property
     def target(self) -> str:

@@ -205,7 +205,7 @@ async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
         proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(
-                r.get("event") == "server.refusing" for r in _records(proc)):
+                r.get("event") == "server.refusing" for r in proc.records()):
             await asyncio.sleep(0.1)
         with pytest.raises(grpc.aio.AioRpcError) as e:  # after the drain gRPC refuses new calls...
             await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
@@ -219,7 +219,7 @@ async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
         parked_grpc.cancel()
     parked_http.close()
     assert code == 0
-    phases = [(r["event"], r.get("door")) for r in _records(proc) if str(r.get("event")).startswith("server.")]
+    phases = [(r["event"], r.get("door")) for r in proc.records() if str(r.get("event")).startswith("server.")]
     names = [p for p, _ in phases]
     first = {name: names.index(name) for name in ("server.draining", "server.refusing", "server.stopped")}
     closing = [i for i, (p, _) in enumerate(phases) if p == "server.door_closing"]
@@ -229,16 +229,6 @@ async def test_sigterm_drains_both_doors_together_within_one_grace(spawn):
     assert max(closing) < min(closed), f"one door waited for the other (two grace periods): {phases}"
     assert max(closed) < first["server.stopped"], phases
     print(f"\nsigterm (HTTP gateway on): both doors refused new work after the {drain} s drain; phases {names}")
-
-
-def _records(proc) -> list[dict]:
-    out = []
-    for line in proc.log_path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
 
 
 async def test_logs_stay_json_lines_through_cancels_and_faults(spawn, tmp_path):

@@ -26,7 +26,6 @@ from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from tests.integration.h2_client import ParkingConnection
 from tests.integration.server_process import ROOT, free_port, retry_delay_s
-from tests.integration.test_hostile_round3 import log_records
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +95,7 @@ async def test_sigterm_ends_every_stream_properly_on_both_doors(spawn):
     assert json.loads(events[-2])["error"]["code"] == "unavailable", events[-2]
     head, _, body = out["json"].partition(b"\r\n\r\n")
     assert head.split()[1] == b"503" and json.loads(body)["error"]["code"] == "unavailable", out["json"][:300]
-    phases = [(r["event"], r.get("door")) for r in log_records(proc) if str(r.get("event")).startswith("server.")]
+    phases = [(r["event"], r.get("door")) for r in proc.records() if str(r.get("event")).startswith("server.")]
     names = [p for p, _ in phases]
     order = ["server.draining", "server.refusing", "server.door_closing", "server.door_closed", "server.stopped"]
     assert [n for n in names if n in order] == sorted((n for n in names if n in order), key=order.index), phases
@@ -190,7 +189,7 @@ def test_never_read_streams_hold_bounded_memory_then_are_abandoned(spawn):
             c.close()
     assert per_stream < 1.0, f"{per_stream:.2f} MiB per never-read stream at gen 512"
     assert freed == 0, "unread streams still hold places after the unread timeout"
-    assert any("abandoned the unread stream" in str(r.get("event")) for r in log_records(proc))
+    assert any("abandoned the unread stream" in str(r.get("event")) for r in proc.records())
     print(f"\nunread: {k} never-read gRPC streams at gen 512 (full snapshots, 512 steps): "
           f"{per_stream * 1024:.0f} KiB RSS each ({took:.0f} s to decode); all abandoned and their places freed after the unread timeout")
 

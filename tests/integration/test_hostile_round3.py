@@ -60,16 +60,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def log_records(proc: ServerProcess) -> list[dict]:
-    out = []
-    for line in proc.log_path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
 # ---------------------------------------------------------------- item 1: compressed bodies
 
 
@@ -172,7 +162,7 @@ def test_logs_hold_no_token_or_prompt_text_whatever_fails(spawn):
     assert grpc_codes[:3] == ["INTERNAL", "INVALID_ARGUMENT", "OK"] and "RESOURCE_EXHAUSTED" in grpc_codes, grpc_codes
     time.sleep(0.5)
     text = proc.log_path.read_text(errors="replace")
-    records = log_records(proc)
+    records = proc.records()
     assert any(r.get("event") == "http.internal_error" and r.get("exception") for r in records)
     assert any(r.get("event") == "request.failed" and r.get("exception") for r in records)
     assert TOKEN not in text, "the bearer token is in the log"

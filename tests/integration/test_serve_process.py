@@ -14,25 +14,13 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LONG_DRAIN = "60"  # far longer than any wait below: a stop that honours it cannot pass for "at once"
 
 
-def _log_records(proc) -> list[dict]:
-    out = []
-    for line in proc.log_path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def test_sigint_on_an_idle_server_exits_without_the_drain(spawn):
     proc = spawn("--drain-seconds", LONG_DRAIN, "--grace-seconds", LONG_DRAIN)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0  # would take 60 s if the drain were waited out
     assert time.monotonic() - t0 < 30
-    events = [r.get("event") for r in _log_records(proc)]
+    events = [r.get("event") for r in proc.records()]
     assert "server.stopped" in events
 
 
@@ -45,7 +33,7 @@ def test_sigterm_on_an_idle_server_still_drains(spawn):
         time.sleep(0.1)
     time.sleep(1.0)
     assert proc.alive  # ... and the process waits out its drain for them
-    signal_lines = [r for r in _log_records(proc) if r.get("event") == "server.signal"]
+    signal_lines = [r for r in proc.records() if r.get("event") == "server.signal"]
     assert signal_lines and signal_lines[0]["signal"] == "SIGTERM" and signal_lines[0]["idle"] is False
 
 
@@ -61,7 +49,7 @@ def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/models", timeout=5) as r:
         assert [m["id"] for m in json.loads(r.read())["data"]] == ["celeris-tiny", "tiny"]
     time.sleep(0.3)  # let the last access lines reach the log
-    recs = _log_records(quiet)
+    recs = quiet.records()
     http_paths = [r.get("path") for r in recs if r.get("event") == "http"]
     rpc_methods = [r.get("method") for r in recs if r.get("event") == "rpc"]
     assert "/v1/models" in http_paths and "/health" not in http_paths
@@ -73,7 +61,7 @@ def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     with urllib.request.urlopen(f"http://127.0.0.1:{http2}/health", timeout=5) as r:
         assert r.status == 200
     time.sleep(0.3)
-    recs = _log_records(loud)
+    recs = loud.records()
     probes = [r for r in recs if r.get("event") in ("rpc", "http")
               and (r.get("path") == "/health" or str(r.get("method", "")).startswith("/grpc.health.v1.Health/"))]
     assert probes and {r["level"] for r in probes} == {"debug"}
