@@ -37,7 +37,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "protos"))
 
 from benchmark import TEXT_PROMPTS, run_engine  # noqa: E402
 from celeris_client.progress import percentile  # noqa: E402

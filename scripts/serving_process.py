@@ -29,8 +29,9 @@ METRICS = {"steps": "celeris_steps_total", "forward_s": "celeris_step_latency_se
 
 
 def child_env() -> dict[str, str]:
-    """This checkout first on the children's path, whatever is installed."""
-    path = [str(ROOT), str(ROOT / "protos"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    """The children run the installed `celeris` packages (`scripts/setup.sh` installs this checkout
+    editable); the checkout's top stays first on their path for the `scripts` helpers."""
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return os.environ | {"PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
 
 

@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet torch==2.13.0
+# The server (editable, with the test tools) pulls the client from ./clients as a regular install;
+# reinstalling the client editable afterwards makes edits under clients/ take effect too.
 python3 -m pip install --quiet -e '.[dev]'
+python3 -m pip install --quiet --no-deps -e ./clients
 # Headless Chromium for the web page's browser test (Debian packages; CI runs this as root).
 if { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; } && command -v apt-get >/dev/null; then
   SUDO=""

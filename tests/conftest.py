@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-# The generated stubs live in protos/celeris/ and import each other as celeris.v1...; the
-# installed package maps "celeris" there. Without an install, put protos/ on the path.
-try:
-    import celeris.v1  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "protos"))
-
-from tests.helpers import make_model_dir  # noqa: E402
+from tests.helpers import make_model_dir
 
 
 @pytest.fixture(scope="session")

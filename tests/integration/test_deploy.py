@@ -39,6 +39,7 @@ K8S_VERSIONS = (min(all_versions(), key=lambda v: tuple(map(int, v.split("."))))
 EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
                   "PodDisruptionBudget", "HorizontalPodAutoscaler"}
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+CLIENT_PYPROJECT = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
 
 
@@ -353,7 +354,8 @@ def test_dockerfile_entrypoint_ports_and_default_args_match_the_server(path):
     (entry,) = [c for c in cmds if c.cmd == "ENTRYPOINT"]
     (cmd,) = [c for c in cmds if c.cmd == "CMD"]
     assert entry.json and cmd.json, "exec form, so SIGTERM reaches the server (no shell in between)"
-    assert list(entry.value) == ["celeris", "serve"] and PYPROJECT["project"]["scripts"]["celeris"] == "celeris.server.cli:main"
+    assert list(entry.value) == ["celeris", "serve"]
+    assert CLIENT_PYPROJECT["project"]["scripts"]["celeris"] == "celeris_client.launcher:main"
     a = build_parser().parse_args([*entry.value[1:], *cmd.value])
     exposed = {int(p) for v in instruction_values(path, "EXPOSE") for p in v.split()}
     assert exposed == {a.port, a.http_port, a.metrics_port} == {50051, 8080, 9090}
@@ -372,11 +374,13 @@ def test_build_context_holds_what_the_dockerfile_copies_and_nothing_else(path):
             for src in c.value[:-1]:
                 assert (ROOT / src).exists(), src
                 copied.add(src)
-    # every installable package's folder is copied (pyproject [tool.setuptools])
+    # every installable package's folder is copied (pyproject [tool.setuptools]; the server's
+    # packages are mapped from engine/ and server/, and it installs the client from clients/)
     st = PYPROJECT["tool"]["setuptools"]
-    pkg_dirs = {st.get("package-dir", {}).get(p.split(".")[0], p.split(".")[0]) for p in st["packages"]}
-    assert {d.split("/")[0] for d in pkg_dirs} <= copied
-    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
+    mapped = st["package-dir"]
+    pkg_dirs = {next(mapped[k] for k in mapped if p == k or p.startswith(k + ".")) for p in st["packages"]}
+    assert {d.split("/")[0] for d in pkg_dirs} | {"clients"} <= copied
+    assert {"pyproject.toml", "setup.py", PYPROJECT["project"]["readme"]} <= copied
     # and nothing the build needs is dockerignored, while everything else is
     for f in repo_files():
         needed = any(f == src or f.startswith(src + "/") for src in copied)

@@ -1,4 +1,8 @@
-"""The import direction of DESIGN.md: clients -> protos; server -> engine, protos; engine -> torch only."""
+"""The import direction of DESIGN.md: clients -> protos; server -> engine, protos; engine -> torch only.
+
+Installed, the folders are the packages `celeris.engine` (engine/), `celeris.server` (server/) and
+`celeris_client` (clients/); every import uses those names, never the folder names.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {("server/cli.py", "celeris_client.cli")}
 
 FORBIDDEN = {
-    "engine": ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google.protobuf", "google.rpc", "celeris",
-               "server", "clients"),
-    "server": ("clients",),
-    "clients": ("engine", "server", "torch"),
+    "engine": ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google.protobuf", "google.rpc", "celeris.v1",
+               "celeris.server", "celeris_client"),
+    "server": ("celeris_client",),
+    "clients": ("celeris.engine", "celeris.server", "torch"),
 }
+FOLDER_NAMES = ("engine", "server", "clients")  # importable only from a checkout's top, never installed
 
 
 def imports_of(path: Path, top_level_only: bool = False) -> set[str]:
@@ -50,11 +55,11 @@ def test_package_respects_import_direction(package):
 def test_the_client_dispatch_is_explicit_and_lazy():
     cli = ROOT / "server" / "cli.py"
     assert "celeris_client.cli" in imports_of(cli), "the dispatch must be a real import the walker sees"
-    assert not any(n == "clients" or n.startswith("clients.") for n in imports_of(cli, top_level_only=True))
+    assert not any(n.startswith("celeris_client") for n in imports_of(cli, top_level_only=True))
     assert "import_module" not in cli.read_text(), "no string imports that hide the dispatch"
-    code = ("import sys, server.cli\n"
+    code = ("import sys, celeris.server.cli\n"
             "celeris.server.cli.build_parser()\n"
-            "assert not any(m == 'clients' or m.startswith('clients.') for m in sys.modules), 'clients loaded'\n")
+            "assert not any(m.startswith('celeris_client') for m in sys.modules), 'the client was loaded'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
@@ -62,8 +67,8 @@ def test_server_modules_import_no_circle():
     """app, cli and cli_commands (and every other server module) form no import circle."""
     graph = {}
     for path in sorted((ROOT / "server").glob("*.py")):
-        mod = f"server.{path.stem}"
-        graph[mod] = {n for n in imports_of(path) if n.startswith("server.") and n != mod}
+        mod = f"celeris.server.{path.stem}"
+        graph[mod] = {n for n in imports_of(path) if n.startswith("celeris.server.") and n != mod}
     state: dict[str, int] = {}
 
     def visit(mod: str, trail: list[str]) -> None:
@@ -80,8 +85,20 @@ def test_server_modules_import_no_circle():
 
 
 def test_clients_import_without_torch():
-    code = ("import sys, importlib, pkgutil, clients\n"
-            "for m in pkgutil.walk_packages(clients.__path__, 'clients.'):\n"
+    code = ("import sys, importlib, pkgutil, celeris_client\n"
+            "for m in pkgutil.walk_packages(celeris_client.__path__, 'celeris_client.'):\n"
             "    importlib.import_module(m.name)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_no_import_uses_a_folder_name():
+    """`from engine.x import y` works from a checkout's top but not installed (and would load a second
+    copy of the module beside `celeris.engine.x`): every file imports the installed names."""
+    offenders = []
+    for folder in ("engine", "server", "clients", "tests", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for name in imports_of(path):
+                if name.split(".")[0] in FOLDER_NAMES:
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, "\n".join(offenders)

@@ -13,6 +13,7 @@ from celeris.v1 import generation_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
+STUB_DIR = ROOT / "clients" / "celeris" / "v1"  # shipped by the client distribution
 PROTO = "celeris/v1/generation.proto"
 STUBS = ("generation_pb2.py", "generation_pb2.pyi", "generation_pb2_grpc.py")
 
@@ -27,7 +28,7 @@ def test_regenerating_stubs_changes_nothing(tmp_path: Path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     for name in STUBS:
         fresh = (tmp_path / "celeris" / "v1" / name).read_bytes()
-        committed = (PROTOS / "celeris" / "v1" / name).read_bytes()
+        committed = (STUB_DIR / name).read_bytes()
         assert fresh == committed, f"{name} is stale: run scripts/gen_protos.sh"
 
 
