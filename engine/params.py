@@ -65,6 +65,8 @@ class SamplingParams:
                                          "default)", cli=None)
     top_k: int = knob(0, "draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all")
     top_p: float = knob(1.0, "nucleus: draw among the most likely tokens up to this mass, in (0, 1]")
+    min_p: float = knob(0.0, "vLLM's: draw only among tokens at least this fraction as likely as the most likely "
+                             "one (at the temperature), in [0, 1]; 0: all")
     stop: tuple[str, ...] = knob((), "strings that end the output: its text is cut where the first begins")
     stop_token_ids: tuple[int, ...] = knob((), "extra token ids that end the output like EOS")
     ignore_eos: bool = knob(False, "EOS and end-of-turn do not stop (stop_token_ids still do)")
@@ -149,6 +151,8 @@ class SamplingParams:
             bad("top_k", f"must be an integer >= 0 (0 keeps every token), got {clip(self.top_k)}")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {clip(self.top_p)}")
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", f"must be in [0, 1], got {clip(self.min_p)}")
         for name in ("frequency_penalty", "presence_penalty"):
             val = getattr(self, name)
             if not _finite(val) or not -MAX_PENALTY <= val <= MAX_PENALTY:

@@ -90,11 +90,14 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tens
     return logits.double() - temperature.double()[:, None, None] * torch.log(-torch.log(u))
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per-row top-k / top-p (nucleus) filtering, -inf outside, with Dream's tie and mass rules.
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                  temperature: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k / top-p (nucleus) / min-p filtering, -inf outside, with Dream's tie and mass rules.
 
     logits (B, W, V); top_k (B,) int, 0 = off: keep logits >= the k-th largest (its ties too);
-    top_p (B,) float, 1 = off: keep a token while the probability mass before it is <= top_p.
+    top_p (B,) float, 1 = off: keep a token while the probability mass before it is <= top_p;
+    min_p (B,) float, 0 = off: keep a token whose probability at the row's temperature is at least
+    min_p times the top token's (vLLM's rule), i.e. logit >= top logit + temperature * log(min_p).
     """
     V = logits.shape[-1]
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -104,6 +107,8 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
     keep_sorted = (before <= top_p.to(probs.dtype)[:, None, None]) | (top_p >= 1)[:, None, None]
     keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted) & (logits >= kth)
+    floor = (temperature * torch.log(min_p)).to(logits.dtype)[:, None, None]  # -inf where min_p = 0
+    keep &= (logits - sorted_logits[..., :1] >= floor) | (min_p <= 0)[:, None, None]
     return logits.masked_fill(~keep, NEG_INF)
 
 
@@ -151,7 +156,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     if batch.frequency is not None:
         logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
                           batch.stop_ids, rule.mask_id)
-    pick = logits if batch.top_k is None else filter_logits(logits, batch.top_k, batch.top_p)
+    pick = logits if batch.top_k is None else filter_logits(logits, batch.top_k, batch.top_p, batch.min_p,
+                                                            batch.temperature)
     if batch.sampling:
         scores = gumbel_scores(pick, batch.temperature, uniform_noise(batch.seed, batch.step, window.noise_pos, V, 0))
     elif rule.x0_from_probs:

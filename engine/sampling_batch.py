@@ -28,9 +28,9 @@ FACTOR_RULE_CODE = {name: i for i, name in enumerate(FACTOR_RULES)}
 
 # Columns of the packed knob tensors: one int64 and one float64 host->device copy a step.
 INT_COLUMNS = ("k", "remask", "factor_rule", "seed", "step", "top_k", "min_tokens")
-FLOAT_COLUMNS = ("temperature", "threshold", "factor", "top_p", "frequency", "presence")
+FLOAT_COLUMNS = ("temperature", "threshold", "factor", "top_p", "frequency", "presence", "min_p")
 _NEUTRAL_INTS = (0, 0, 0, 0, 0, 0, 0)
-_NEUTRAL_FLOATS = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+_NEUTRAL_FLOATS = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class SamplingBatch:
     factor: torch.Tensor  # (B,) float64, > 0 switches a row to the factor rule
     top_k: Optional[torch.Tensor]  # (B,) 0 = off; None when no row filters (top_p likewise)
     top_p: Optional[torch.Tensor]  # (B,) 1 = off
+    min_p: Optional[torch.Tensor]  # (B,) 0 = off
     stop_ids: Optional[torch.Tensor]  # (B, S) padded with V; None unless min_tokens or penalties
     min_tokens: Optional[torch.Tensor]  # (B,) no stop id drawn before; None when no row bans
     frequency: Optional[torch.Tensor]  # (B,) OpenAI penalties; None when no row has one
@@ -96,19 +97,21 @@ class SamplingBatch:
         ints = [(1 if r.first_only else r.k, REMASK_CODE[p.remasking], FACTOR_RULE_CODE[p.factor_rule],
                  p.seed or 0, r.step, p.top_k, p.min_tokens) for r, p in zip(rows, ps)]
         floats = [(p.temperature, 0.0 if r.first_only else p.threshold or 0.0,
-                   0.0 if r.first_only else p.factor or 0.0, p.top_p, p.frequency_penalty, p.presence_penalty)
+                   0.0 if r.first_only else p.factor or 0.0, p.top_p, p.frequency_penalty, p.presence_penalty,
+                   p.min_p)
                   for r, p in zip(rows, ps)]
         pad = B - len(rows)
         i = torch.tensor(ints + [_NEUTRAL_INTS] * pad, dtype=torch.long).T.contiguous().to(device)
         f = torch.tensor(floats + [_NEUTRAL_FLOATS] * pad, dtype=torch.float64).T.contiguous().to(device)
         col = dict(zip(INT_COLUMNS, i)) | dict(zip(FLOAT_COLUMNS, f))
-        filtered = any(p.top_k > 0 or p.top_p < 1 for p in ps)
+        filtered = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in ps)
         banning = any(p.min_tokens > 0 for p in ps)
         penalized = any(p.frequency_penalty or p.presence_penalty for p in ps)
         stop_ids = _stop_table(rows, B, vocab, device) if banning or penalized else None
         return cls(col["k"], col["remask"], col["factor_rule"], col["seed"], col["step"], col["temperature"],
                    col["threshold"], col["factor"],
                    col["top_k"] if filtered else None, col["top_p"] if filtered else None,
+                   col["min_p"] if filtered else None,
                    stop_ids, col["min_tokens"] if banning else None,
                    col["frequency"] if penalized else None, col["presence"] if penalized else None,
                    rows=len(rows), sampling=any(p.temperature > 0 for p in ps),

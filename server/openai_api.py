@@ -6,7 +6,7 @@ without the diffusion fields, block_length and steps are fitted to it so that a 
 client never trips over "gen_length must be a multiple of block_length". Extension fields:
 steps, block_length, threshold, factor, factor_rule, schedule, eps, kv_cache, cfg_scale,
 remasking, and `diffusing` (stream snapshots: true or "delta" sends only the changed positions,
-"full" the whole canvas every step); `top_k`, `top_p`, `stop_token_ids`, `min_tokens`,
+"full" the whole canvas every step); `top_k`, `top_p`, `min_p`, `stop_token_ids`, `min_tokens`,
 `ignore_eos` as in vLLM; `stop`, `logprobs` / `top_logprobs`, `frequency_penalty` and
 `presence_penalty` as OpenAI. OpenAI parameters this server cannot honour (repetition_penalty,
 logit_bias, tools, best_of, suffix) and unknown keys are a 400 naming the field

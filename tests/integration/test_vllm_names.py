@@ -75,6 +75,22 @@ def test_include_usage_ends_with_an_empty_choices_chunk(tiny_live, chat):
     assert all(ch.choices for ch in plain)
 
 
+def test_min_p_through_the_openai_sdk(tiny_live):
+    """vLLM's `min_p` (an extra body field to the openai SDK): 1.0 keeps only the top token, so a hot
+    sample decodes the greedy text; 0 leaves sampling alone; out of range is a 400 naming it."""
+    openai = pytest.importorskip("openai")
+    llm, s = tiny_live
+    c = openai.OpenAI(base_url=s.http_url + "/v1", api_key="unused")
+    kw = dict(model=llm.name, prompt=PROSE, max_tokens=16, seed=3)
+    greedy = c.completions.create(**kw, temperature=0).choices[0].text
+    pinned = c.completions.create(**kw, temperature=1.5, extra_body={"min_p": 1.0}).choices[0].text
+    assert pinned == greedy
+    hot = c.completions.create(**kw, temperature=1.5).choices[0].text
+    assert c.completions.create(**kw, temperature=1.5, extra_body={"min_p": 0}).choices[0].text == hot
+    status, err = post(s.http_url + "/v1/completions", {"prompt": PROSE, "min_p": 1.5})
+    assert status == 400 and err["error"]["param"] == "min_p"
+
+
 def test_include_usage_without_a_stream_is_accepted_and_moot(tiny_live):
     llm, s = tiny_live
     status, body = post(s.http_url + "/v1/completions", {"prompt": PROSE, "max_tokens": 4,

@@ -118,7 +118,7 @@ class StreamOptions(_message.Message):
     def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "structured_output")
+    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "min_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "structured_output")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class GenerateRequest(_message.Message):
     EPS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +169,7 @@ class GenerateRequest(_message.Message):
     eps: float
     top_k: int
     top_p: float
+    min_p: float
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     min_tokens: int
@@ -177,7 +179,7 @@ class GenerateRequest(_message.Message):
     frequency_penalty: float
     presence_penalty: float
     structured_output: StructuredOutput
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "json_object")
