@@ -128,12 +128,18 @@ async def test_delta_bytes_are_a_tenth_of_full_snapshots(llm256, gen):
     async with running_server(llm256) as (_, stub, _):
         full = await collect(stub.Generate(request(pb.SNAPSHOT_FORMAT_FULL, **req)))
         delta = await collect(stub.Generate(request(pb.SNAPSHOT_FORMAT_DELTA, **req)))
+    # A reader that falls behind (a loaded machine) gets some steps folded into one message
+    # (engine/request_stream.py), so the two streams need not have the same number of messages:
+    # compare bytes per message, and snapshots at the steps both streams sent.
     full_bytes, delta_bytes = sum(m.ByteSize() for m in full), sum(m.ByteSize() for m in delta)
-    print(f"gen {gen}: {len(full)} messages, full {full_bytes} B, delta {delta_bytes} B "
+    print(f"gen {gen}: {len(full)} / {len(delta)} messages, full {full_bytes} B, delta {delta_bytes} B "
           f"({100 * delta_bytes / full_bytes:.1f}%)")
-    assert len(full) == len(delta) == gen
-    assert delta_bytes <= 0.10 * full_bytes
-    assert rebuilt(delta) == [same(Snapshot.from_pb(m)) for m in full]
+    assert len(full) <= gen and len(delta) <= gen and min(len(full), len(delta)) >= gen // 4
+    assert delta_bytes / len(delta) <= 0.10 * full_bytes / len(full)
+    whole = {m.step: same(Snapshot.from_pb(m)) for m in full}
+    shared = [snap for snap in rebuilt(delta) if snap.step in whole]
+    assert len(shared) >= gen // 4 and all(snap == whole[snap.step] for snap in shared)
+    assert rebuilt(delta)[-1] == whole[full[-1].step]
 
 
 def test_the_client_asks_for_deltas_and_hands_out_the_same_snapshots(tiny_llm):
