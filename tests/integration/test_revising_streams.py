@@ -33,7 +33,7 @@ def gemma_llm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live(gemma_llm):
-    with live_server(gemma_llm) as s:
+    with live_server(gemma_llm, warmup=True) as s:  # the real start-up path, warm-up included
         yield s
 
 
@@ -63,7 +63,9 @@ def _check_contract(snaps) -> int:
 @pytest.mark.parametrize("fmt", ["full", "delta"])
 def test_grpc_streams_show_revisions_and_final_positions(live, gemma_llm, fmt):
     with CelerisClient(live.grpc_target) as c:
+        info = c.model_info()
         snaps = list(c.stream(PROMPT, stream_format=fmt, **KNOBS))
+    assert info.architecture == "diffusion-gemma" and info.mask_token_id == info.vocab_size == 96
     assert all(s.revising for s in snaps)
     assert _check_contract(snaps) > 0  # the canvas being denoised changed what it had shown
     mid = [s for s in snaps[:-1] if 0 < s.final_positions < 16]
