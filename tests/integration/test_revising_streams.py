@@ -125,3 +125,26 @@ def test_mask_models_mark_committed_positions_final(tiny_llm):
     for s in snaps:
         assert not s.revising and not s.revised
         assert all(t.final == (not t.masked) for t in s.tokens)
+
+
+def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, gemma_llm):
+    """Requests of different seeds and lengths streamed at once share the scheduler's steps; each
+    decodes what the library decodes for it alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.revise_runner import revise_params
+    from engine.revise_sequence import generate
+
+    jobs = [(3, 16), (4, 8), (5, 24), (6, 16)]
+
+    def run(job):
+        seed, n = job
+        with CelerisClient(live.grpc_target) as c:
+            return c.generate(PROMPT, **(KNOBS | {"seed": seed, "gen_length": n}))
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (seed, n), res in zip(jobs, results):
+        params = gemma_llm.defaults.__class__(**(gemma_llm.defaults.__dict__ | KNOBS))
+        want = generate(gemma_llm.model, [2, 5, 6, 7], revise_params(params), seed, n, (), 0)
+        assert [t.id for t in res.tokens] == want, seed

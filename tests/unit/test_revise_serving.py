@@ -53,6 +53,7 @@ def test_loads_as_a_revising_family(llm):
     assert d.gen_length == 8  # one canvas
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pname", ["steps", "rule"])
 def test_served_alone_equals_the_library_and_transformers(llm, folder, pname):
     ref = reference_model(folder)
@@ -66,9 +67,12 @@ def test_served_alone_equals_the_library_and_transformers(llm, folder, pname):
         assert res.finish_reason == (FinishReason.STOP if EOS in want else FinishReason.LENGTH)
 
 
-def test_batched_requests_decode_their_solo_text(llm):
+@pytest.mark.slow
+def test_batched_requests_decode_their_solo_text(llm, folder):
     """Five requests on two slots: later ones join as earlier ones finish, rows at different
-    canvases and steps share each forward, and each decodes its solo text."""
+    canvases and steps share each forward, and each decodes its solo text, which is
+    transformers' text for its prompt and seed."""
+    ref = reference_model(folder)
     jobs = [(PROMPTS[0], 0, "steps", 16), (PROMPTS[1], 3, "rule", 10), (PROMPTS[2], 5, "confident", 16),
             (PROMPTS[1], 7, "steps", 5), (PROMPTS[0], 9, "rule", 24)]
     seqs = [llm.sequence(pr, _params(llm, pn, seed, new)) for pr, seed, pn, new in jobs]
@@ -76,6 +80,7 @@ def test_batched_requests_decode_their_solo_text(llm):
     for (pr, seed, pn, new), res, seq in zip(jobs, batched, seqs):
         solo = generate(llm.model, pr, revise_params(seq.params), seed, new, (EOS,), 0)
         assert res.token_ids == _until_eos(solo), (pr, seed, pn, new)
+        assert solo == reference_generate(ref, pr, seed, new, **_gen_kwargs(PARAMS[pn], eos_token_id=EOS))
     assert len({r.steps for r in batched}) > 1
 
 
@@ -84,7 +89,7 @@ def test_events_say_what_is_final(llm):
     and committed positions never change afterwards."""
     events = []
     params = _params(llm, "steps", 0, 16)
-    llm.run([llm.sequence(PROMPTS[0], replace(params, ignore_eos=True))], events.append)
+    llm.run([llm.sequence(PROMPTS[0], replace(params, ignore_eos=True, max_denoising_steps=3))], events.append)
     assert all(ev.revising for ev in events)
     final: dict[int, int] = {}
     revised = 0
