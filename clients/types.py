@@ -152,6 +152,13 @@ class Defaults:
     remasking: str
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Revising models' knobs (DiffusionGemma); a mask model reports the values it requires.
+    max_denoising_steps: int = 0
+    entropy_bound: float = 0.0
+    t_min: float = 0.0
+    t_max: float = 0.0
+    stability_threshold: int = 0
+    confidence_threshold: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,9 @@ class ModelInfo:
         return cls(m.name, m.architecture, m.parameter_count, m.vocab_size, m.mask_token_id, m.eos_token_id,
                    Limits(lim.max_prompt_tokens, lim.max_gen_length, lim.max_batch, lim.max_queue),
                    Defaults(d.gen_length, d.steps, d.block_length, d.temperature,
-                            REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty),
+                            REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty,
+                            d.max_denoising_steps, d.entropy_bound, d.t_min, d.t_max, d.stability_threshold,
+                            d.confidence_threshold),
                    m.dtype, m.device)
 
 

@@ -269,5 +269,8 @@ def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
         defaults=pb.SamplingDefaults(gen_length=d.gen_length, steps=d.steps, block_length=d.block_length,
                                      temperature=d.temperature, remasking=REMASKING_TO_PB[d.remasking],
                                      kv_cache=KV_CACHE_TO_PB[llm.kv_cache], schedule=SCHEDULE_TO_PB[d.schedule],
-                                     frequency_penalty=d.frequency_penalty, presence_penalty=d.presence_penalty),
+                                     frequency_penalty=d.frequency_penalty, presence_penalty=d.presence_penalty,
+                                     max_denoising_steps=d.max_denoising_steps, entropy_bound=d.entropy_bound,
+                                     t_min=d.t_min, t_max=d.t_max, stability_threshold=d.stability_threshold,
+                                     confidence_threshold=d.confidence_threshold),
         dtype=ec.dtype, device=ec.device)

@@ -344,7 +344,7 @@ class Limits(_message.Message):
     def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_gen_length: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_queue: _Optional[int] = ...) -> None: ...
 
 class SamplingDefaults(_message.Message):
-    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking", "kv_cache", "schedule", "frequency_penalty", "presence_penalty")
+    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking", "kv_cache", "schedule", "frequency_penalty", "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold")
     GEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +354,12 @@ class SamplingDefaults(_message.Message):
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DENOISING_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_BOUND_FIELD_NUMBER: _ClassVar[int]
+    T_MIN_FIELD_NUMBER: _ClassVar[int]
+    T_MAX_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     gen_length: int
     steps: int
     block_length: int
@@ -363,7 +369,13 @@ class SamplingDefaults(_message.Message):
     schedule: Schedule
     frequency_penalty: float
     presence_penalty: float
-    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ...) -> None: ...
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
+    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
     __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device")
