@@ -72,7 +72,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-    known = {k.name for k in KNOBS if not k.per_request}
+    known = {k.name for k in KNOBS if not k.per_request} - set(REVISE_KNOBS)  # a mask model has none of them
     return replace(base, **{k: v for k, v in raw.items() if k in known}).validate()
 
 
