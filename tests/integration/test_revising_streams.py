@@ -149,3 +149,16 @@ def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, 
         params = gemma_llm.defaults.__class__(**(gemma_llm.defaults.__dict__ | KNOBS))
         want = generate(gemma_llm.model, [2, 5, 6, 7], revise_params(params), seed, n, (), 0)
         assert [t.id for t in res.tokens] == want, seed
+
+
+def test_each_family_refuses_the_others_knobs_by_name(live, tiny_llm):
+    from clients.errors import InvalidArgument
+
+    with CelerisClient(live.grpc_target) as c, pytest.raises(InvalidArgument) as e:
+        c.generate(PROMPT, temperature=0.5, **KNOBS)
+    assert [v.field for v in e.value.field_violations] == ["temperature"]
+    resp = post(live, "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "top_p": 0.5})
+    assert resp.status == 400 and json.loads(resp.read())["error"]["param"] == "top_p"
+    with live_server(tiny_llm) as s, CelerisClient(s.grpc_target) as c, pytest.raises(InvalidArgument) as e:
+        c.generate("It is a truth", gen_length=8, steps=8, block_length=8, t_max=0.9)
+    assert [v.field for v in e.value.field_violations] == ["t_max"]
