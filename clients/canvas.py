@@ -60,10 +60,12 @@ class Canvas:
 
     def snapshot(self, m: pb.GenerateResponse) -> Snapshot:
         if m.format != pb.SNAPSHOT_FORMAT_DELTA or m.done:  # the last message is whole in both formats
-            self.choices.pop(m.choice, None)
             s = Snapshot.from_pb(m)
-            before = self.shown.pop(m.choice, ()) if m.done else self.shown.get(m.choice, ())
-            if not m.done:
+            canvas = self.choices.pop(m.choice, None)
+            before = canvas.tokens if canvas is not None else self.shown.get(m.choice, ())
+            if m.done:
+                self.shown.pop(m.choice, None)
+            else:
                 self.shown[m.choice] = s.tokens
             return replace(s, revised=tuple(i for i, (a, b) in enumerate(zip(before, s.tokens))
                                             if not a.masked and not b.masked and a.id != b.id))
