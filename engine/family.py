@@ -13,9 +13,9 @@ from typing import Optional
 
 import torch
 
-from engine.errors import FieldViolation
-from engine.params import SamplingParams
-from engine.sampling_batch import SelectionRule
+from celeris.engine.errors import FieldViolation
+from celeris.engine.params import SamplingParams
+from celeris.engine.sampling_batch import SelectionRule
 
 REVISE_ARCH = "diffusion-gemma"
 FULL, BLOCK, REVISE = "full", "block", "revise"

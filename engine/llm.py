@@ -15,23 +15,23 @@ from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
-from engine.block_runner import BlockRunner
-from engine.config import EngineConfig, ModelConfig
-from engine.errors import ModelLoadError
-from engine.family import FULL, REVISE_KNOBS, Family, family_of
-from engine.gemma_config import generation_eos, revise_defaults
-from engine.gemma_weights import is_gemma_folder, load_gemma
-from engine.knobs import KNOBS
-from engine.model import MaskPredictor, count_parameters
-from engine.params import SamplingParams
-from engine.revise_runner import ReviseRunner
-from engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
-from engine.runner import Runner
-from engine.runner_api import StepRunner
-from engine.sequence import FinishReason, Sequence, StepEvent
-from engine.step_loop import StepLoop
-from engine.tokenizer import Tokenizer
-from engine.weights import load_model
+from celeris.engine.block_runner import BlockRunner
+from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.family import FULL, REVISE_KNOBS, Family, family_of
+from celeris.engine.gemma_config import generation_eos, revise_defaults
+from celeris.engine.gemma_weights import is_gemma_folder, load_gemma
+from celeris.engine.knobs import KNOBS
+from celeris.engine.model import MaskPredictor, count_parameters
+from celeris.engine.params import SamplingParams
+from celeris.engine.revise_runner import ReviseRunner
+from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
+from celeris.engine.runner import Runner
+from celeris.engine.runner_api import StepRunner
+from celeris.engine.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.step_loop import StepLoop
+from celeris.engine.tokenizer import Tokenizer
+from celeris.engine.weights import load_model
 
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 # The models shipped inside the package, loadable by name (`--model celeris-tiny-block`).
@@ -94,7 +94,7 @@ class LLM:
         if is_gemma_folder(folder):
             return cls._load_revising(folder, config, defaults)
         if config.tensor_parallel_size != 1 or config.expert_parallel:
-            from engine.parallel.launch import start  # worker processes, torch.distributed
+            from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
             model = start(folder, config)
         else:
             model = load_model(folder, dtype=config.dtype, device=config.device)

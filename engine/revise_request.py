@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from engine.sequence import FinishReason, Sequence, StepEvent, stop_cut
+from celeris.engine.sequence import FinishReason, Sequence, StepEvent, stop_cut
 
 
 @dataclass

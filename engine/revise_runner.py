@@ -15,14 +15,14 @@ from typing import Optional, Sequence as Seq
 
 import torch
 
-from engine.config import EngineConfig
-from engine.family import Family
-from engine.gemma import DiffusionGemma
-from engine.params import SamplingParams
-from engine.revise_request import RevisingSequence
-from engine.revise_sampler import ReviseParams, StepResult
-from engine.revise_sequence import ReviseSequence, step_rows
-from engine.runner_api import RowResult, StepStats
+from celeris.engine.config import EngineConfig
+from celeris.engine.family import Family
+from celeris.engine.gemma import DiffusionGemma
+from celeris.engine.params import SamplingParams
+from celeris.engine.revise_request import RevisingSequence
+from celeris.engine.revise_sampler import ReviseParams, StepResult
+from celeris.engine.revise_sequence import ReviseSequence, step_rows
+from celeris.engine.runner_api import RowResult, StepStats
 
 DENOISE = "denoise"
 

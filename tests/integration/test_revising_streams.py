@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from clients.client import CelerisClient  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
+from celeris_client.client import CelerisClient  # noqa: E402
+from celeris.engine.config import EngineConfig  # noqa: E402
+from celeris.engine.llm import LLM  # noqa: E402
 from tests.integration.live_server import live_server  # noqa: E402
 from tests.integration.test_http_gateway import post, sse_events  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_checkpoint, write_tokenizer  # noqa: E402
@@ -39,8 +39,8 @@ def live(gemma_llm):
 
 def _library(llm) -> list[int]:
     """The library-level decode of PROMPT with KNOBS (the server is idle when tests call it)."""
-    from engine.revise_runner import revise_params
-    from engine.revise_sequence import generate
+    from celeris.engine.revise_runner import revise_params
+    from celeris.engine.revise_sequence import generate
 
     params = llm.defaults.__class__(**(llm.defaults.__dict__ | KNOBS))
     return generate(llm.model, [2, 5, 6, 7], revise_params(params), KNOBS["seed"], 16, (), 0)
@@ -133,8 +133,8 @@ def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, 
     decodes what the library decodes for it alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.revise_runner import revise_params
-    from engine.revise_sequence import generate
+    from celeris.engine.revise_runner import revise_params
+    from celeris.engine.revise_sequence import generate
 
     jobs = [(3, 16), (4, 8), (5, 24), (6, 16)]
 
@@ -152,7 +152,7 @@ def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, 
 
 
 def test_each_family_refuses_the_others_knobs_by_name(live, tiny_llm):
-    from clients.errors import InvalidArgument
+    from celeris_client.errors import InvalidArgument
 
     with CelerisClient(live.grpc_target) as c, pytest.raises(InvalidArgument) as e:
         c.generate(PROMPT, temperature=0.5, **KNOBS)

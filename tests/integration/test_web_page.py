@@ -235,8 +235,8 @@ def test_the_default_prompt_is_one_the_embedded_model_answers():
     addition); docs/models.md has the measurement behind the choice."""
     import re
 
-    from engine.llm import LLM
-    from engine.params import fit_lengths
+    from celeris.engine.llm import LLM
+    from celeris.engine.params import fit_lengths
 
     page = (Path(__file__).resolve().parents[2] / "clients" / "web" / "index.html").read_text()
     prompt = re.search(r'<textarea id="prompt"[^>]*>([^<]*)</textarea>', page).group(1)
@@ -254,8 +254,8 @@ def test_browser_marks_a_revising_models_cells_as_they_change(browser, tmp_path_
     pytest.importorskip("transformers")
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from engine.config import EngineConfig
-    from engine.llm import LLM
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
     from tests.unit.revise_references.gemma_checkpoint import write_checkpoint, write_tokenizer
 
     folder = write_tokenizer(write_checkpoint(tmp_path_factory.mktemp("dg-page"), canvas_length=8, seed=8))

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from clients.batch import done_ids, parse_line, read_items
-from clients.progress import Progress, percentile
-from clients.types import Snapshot, Token, Usage
-from clients.view import GUESS, HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
+from celeris_client.batch import done_ids, parse_line, read_items
+from celeris_client.progress import Progress, percentile
+from celeris_client.types import Snapshot, Token, Usage
+from celeris_client.view import GUESS, HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
 
 
 def snapshot(cells, done=False, step=1, usage=None) -> Snapshot:
@@ -123,7 +123,7 @@ def test_done_ids_ignores_failures_and_torn_lines(tmp_path):
 def test_render_canvas_marks_a_revising_models_cells():
     """Unmasked cells that may still change are underlined, a cell this snapshot replaced is in
     reverse video, final cells are plain; a mask model's snapshot has none of these marks."""
-    from clients.view import MAYCHANGE, REVISED, status_line
+    from celeris_client.view import MAYCHANGE, REVISED, status_line
 
     tokens = (Token(10, "a", False, False, 0.0, final=True), Token(11, "b", False, True, 0.9),
               Token(12, "c", False, True, 0.9), Token(13, MASK, True, False, 0.0))

@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.errors import InvalidRequest, ModelLoadError  # noqa: E402
-from engine.llm import LLM  # noqa: E402
-from engine.revise_runner import ReviseRunner, revise_params  # noqa: E402
-from engine.revise_sequence import generate  # noqa: E402
-from engine.sequence import FinishReason  # noqa: E402
+from celeris.engine.config import EngineConfig  # noqa: E402
+from celeris.engine.errors import InvalidRequest, ModelLoadError  # noqa: E402
+from celeris.engine.llm import LLM  # noqa: E402
+from celeris.engine.revise_runner import ReviseRunner, revise_params  # noqa: E402
+from celeris.engine.revise_sequence import generate  # noqa: E402
+from celeris.engine.sequence import FinishReason  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint, write_tokenizer)
 from tests.unit.test_diffusion_gemma import PARAMS, PROMPTS, _gen_kwargs  # noqa: E402
@@ -118,8 +118,8 @@ def test_unserved_devices_refused_by_name(folder):
 
 
 def test_mask_families_refuse_the_revise_knobs():
-    from engine.family import family_of
-    from engine.params import SamplingParams
+    from celeris.engine.family import family_of
+    from celeris.engine.params import SamplingParams
     from tests.helpers import tiny_config
 
     bad = family_of(tiny_config()).violations(replace(SamplingParams(), t_max=0.9, entropy_bound=0.2))
