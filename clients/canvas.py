@@ -1,7 +1,9 @@
 """Rebuilds full snapshots from a delta stream (SNAPSHOT_FORMAT_DELTA), one canvas per choice.
 
 The server sends, per choice, a layout on the first message, then only the positions whose
-state changed (id, own text, masked flag, text piece), and a whole snapshot last. `Canvas`
+state changed (id, own text, masked and final flags, text piece), and a whole snapshot last; with
+a revising model an update may replace a token shown before, which the Snapshot lists in `revised`
+(for full streams, `Canvas` compares each snapshot with the previous one of its choice). `Canvas`
 keeps each choice's positions and turns every message back into the `Snapshot` a full stream
 would have carried, so callers of `CelerisClient.stream` see the same records in both formats.
 Per message, work is O(changed positions) plus building the Snapshot's token tuple.
@@ -30,9 +32,12 @@ class ChoiceCanvas:
         return cls([blank] * n, [layout.mask_text] * n, n)
 
     def apply(self, m: pb.GenerateResponse) -> Snapshot:
+        revised = []
         for u in m.updates:
-            t = u.token
-            self.tokens[u.position] = Token(t.id, t.text, t.masked, False, 0.0)
+            t, old = u.token, self.tokens[u.position]
+            if not old.masked and not t.masked and old.id != t.id:
+                revised.append(u.position)
+            self.tokens[u.position] = Token(t.id, t.text, t.masked, False, 0.0, final=t.final)
             self.pieces[u.position] = t.piece if t.HasField("piece") else t.text
         if m.HasField("text_positions"):
             self.visible = m.text_positions
@@ -42,7 +47,7 @@ class ChoiceCanvas:
         guesses = tuple((u.position, Token(u.token.id, u.token.text, False, False, u.token.confidence))
                         for u in m.provisional)
         return replace(Snapshot.from_pb(m), text="".join(self.pieces[:self.visible]), tokens=tuple(tokens),
-                       provisional=guesses)
+                       provisional=guesses, revised=tuple(revised))
 
 
 @dataclass
@@ -51,11 +56,19 @@ class Canvas:
     message as a full Snapshot. Full-format messages pass through unchanged."""
 
     choices: dict[int, ChoiceCanvas] = field(default_factory=dict)
+    shown: dict[int, tuple[Token, ...]] = field(default_factory=dict)  # full streams: each choice's last tokens
 
     def snapshot(self, m: pb.GenerateResponse) -> Snapshot:
         if m.format != pb.SNAPSHOT_FORMAT_DELTA or m.done:  # the last message is whole in both formats
-            self.choices.pop(m.choice, None)
-            return Snapshot.from_pb(m)
+            s = Snapshot.from_pb(m)
+            canvas = self.choices.pop(m.choice, None)
+            before = canvas.tokens if canvas is not None else self.shown.get(m.choice, ())
+            if m.done:
+                self.shown.pop(m.choice, None)
+            else:
+                self.shown[m.choice] = s.tokens
+            return replace(s, revised=tuple(i for i, (a, b) in enumerate(zip(before, s.tokens))
+                                            if not a.masked and not b.masked and a.id != b.id))
         if m.HasField("layout"):
             self.choices[m.choice] = ChoiceCanvas.from_layout(m.layout)
         canvas = self.choices.get(m.choice)

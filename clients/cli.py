@@ -51,6 +51,12 @@ KNOB_FLAGS = (("gen_length", int, "tokens to generate (the canvas)"),
               ("logprobs", int, "report each token's log-probability and N alternatives (--json)"),
               ("n", int, "samples of the prompt, decoded together (sample j: seed + j); one text each"),
               ("cfg_scale", float, "classifier-free guidance scale"),
+              ("max_denoising_steps", int, "revising models (DiffusionGemma): most denoising steps per canvas"),
+              ("entropy_bound", float, "revising models: entropy bound of the positions accepted per step"),
+              ("t_min", float, "revising models: temperature at a canvas's last step"),
+              ("t_max", float, "revising models: temperature at a canvas's first step"),
+              ("stability_threshold", int, "revising models: steps the argmax must hold before a canvas stops"),
+              ("confidence_threshold", float, "revising models: mean entropy below which a stable canvas stops"),
               ("seed", int, "random seed (default: the server picks and reports one)"))
 
 

@@ -33,7 +33,8 @@ SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
                 "eps", "top_k", "top_p", "min_p", "ignore_eos", "min_tokens", "logprobs", "n", "frequency_penalty",
-                "presence_penalty")
+                "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                "confidence_threshold")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
 KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
@@ -47,6 +48,10 @@ class Token:
     confidence: float  # meaningful only when committed_this_step
     logprob: Optional[float] = None  # with logprobs=N: at the step it was committed (last snapshot)
     top_logprobs: tuple[tuple[int, str, float], ...] = ()  # (id, text, logprob), most likely first
+    # The stream contract: True once this position's id will never change again (committed, for a
+    # mask model; inside a stopped canvas, for a revising model such as DiffusionGemma). False while
+    # masked, and while a revising model may still replace the token shown.
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,11 @@ class Snapshot:
     # its confidence in Token.confidence) for the still-masked positions of the block being
     # decoded, as of this snapshot's step. The positions stay masked in `tokens`.
     provisional: tuple[tuple[int, Token], ...] = ()
+    final_positions: int = 0  # positions [0, final_positions) are final in every family
+    # Positions whose token, shown unmasked before, this snapshot replaces with another (a revising
+    # model's canvas being denoised; never for a mask model).
+    revised: tuple[int, ...] = ()
+    revising: bool = False  # the model may replace unmasked tokens that are not final (DiffusionGemma)
 
     @property
     def masked_count(self) -> int:
@@ -95,12 +105,14 @@ class Snapshot:
             num_blocks=m.num_blocks, text=m.text,
             tokens=tuple(Token(t.id, t.text, t.masked, t.committed_this_step, t.confidence,
                                t.logprob if t.HasField("logprob") else None,
-                               tuple((a.id, a.text, a.logprob) for a in t.top_logprobs)) for t in m.tokens),
+                               tuple((a.id, a.text, a.logprob) for a in t.top_logprobs), t.final)
+                    for t in m.tokens),
             committed_positions=tuple(m.committed_positions),
             committed_confidences=tuple(m.committed_confidences), done=m.done,
             finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
             elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None,
-            kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None, choice=m.choice)
+            kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None, choice=m.choice,
+            final_positions=m.final_positions, revising=m.revising)
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,13 @@ class Defaults:
     remasking: str
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Revising models' knobs (DiffusionGemma); a mask model reports the values it requires.
+    max_denoising_steps: int = 0
+    entropy_bound: float = 0.0
+    t_min: float = 0.0
+    t_max: float = 0.0
+    stability_threshold: int = 0
+    confidence_threshold: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,7 +180,9 @@ class ModelInfo:
         return cls(m.name, m.architecture, m.parameter_count, m.vocab_size, m.mask_token_id, m.eos_token_id,
                    Limits(lim.max_prompt_tokens, lim.max_gen_length, lim.max_batch, lim.max_queue),
                    Defaults(d.gen_length, d.steps, d.block_length, d.temperature,
-                            REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty),
+                            REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty,
+                            d.max_denoising_steps, d.entropy_bound, d.t_min, d.t_max, d.stability_threshold,
+                            d.confidence_threshold),
                    m.dtype, m.device)
 
 

@@ -2,7 +2,8 @@
 
 The live view shows every position of the canvas: still-masked positions as dim blocks (or, with
 provisional predictions, the predicted token dim and italic), tokens committed in the latest
-step highlighted, the rest as plain text, then a
+step highlighted, a revising model's tokens that may still change underlined (and a token this
+snapshot replaced in reverse video), the rest as plain text, then a
 "step i/N · block b/B" line. Each new snapshot replaces the previous frame: the cursor moves
 back up over the rows the last frame took (wrapping counted) and clears to the end of screen.
 Model output is sanitized so it can never inject terminal escape sequences.
@@ -23,6 +24,8 @@ from celeris_client.types import Snapshot
 MASK = "\u2592"
 DIM, HIGHLIGHT, BOLD, RESET = "\x1b[2;37m", "\x1b[1;30;43m", "\x1b[1m", "\x1b[0m"
 GUESS = "\x1b[2;3;36m"  # dim italic cyan: a provisional prediction, not yet committed
+MAYCHANGE = "\x1b[4m"  # underlined: shown, but a revising model may still replace it
+REVISED = "\x1b[7;4m"  # reverse video: this snapshot replaced the token shown here before
 HIDE_CURSOR, SHOW_CURSOR, CLEAR_DOWN = "\x1b[?25l", "\x1b[?25h", "\x1b[J"
 
 
@@ -58,6 +61,7 @@ def render_canvas(snap: Snapshot, stop_ids: frozenset[int] = frozenset(), color:
     """(styled, plain) text of the canvas up to the first stop token (EOS)."""
     styled, plain = [], []
     guesses = {p: t for p, t in snap.provisional}
+    revised = set(snap.revised)
     for i, tok in enumerate(snap.tokens[:visible_count(snap, stop_ids)]):
         guess = guesses.get(i) if tok.masked else None
         text = sanitize(guess.text) if guess is not None else MASK if tok.masked else sanitize(tok.text)
@@ -67,6 +71,10 @@ def render_canvas(snap: Snapshot, stop_ids: frozenset[int] = frozenset(), color:
             styled.append(f"{GUESS}{text}{RESET}")
         elif tok.masked:
             styled.append(f"{DIM}{text}{RESET}")
+        elif i in revised:
+            styled.append(f"{REVISED}{text}{RESET}")
+        elif snap.revising and not tok.final and not snap.done:
+            styled.append(f"{MAYCHANGE}{text}{RESET}")
         elif highlight and tok.committed_this_step:
             styled.append(f"{HIGHLIGHT}{text}{RESET}")
         else:
@@ -78,8 +86,10 @@ def render_canvas(snap: Snapshot, stop_ids: frozenset[int] = frozenset(), color:
 def status_line(snap: Snapshot, elapsed_s: float) -> str:
     filled = sum(not t.masked for t in snap.tokens)
     rate = filled / elapsed_s if elapsed_s > 0 else 0.0
+    changing = sum(not t.masked and not t.final for t in snap.tokens) if snap.revising else 0
+    revise = f" · {changing} may change · {len(snap.revised)} revised" if snap.revising else ""
     return (f"step {snap.step}/{snap.total_steps} · block {snap.block_index + 1}/{snap.num_blocks}"
-            f" · {snap.masked_count} masked · {len(snap.committed_positions)} new · {rate:.1f} tok/s")
+            f" · {snap.masked_count} masked · {len(snap.committed_positions)} new{revise} · {rate:.1f} tok/s")
 
 
 def final_line(snap: Snapshot, elapsed_s: float) -> str:

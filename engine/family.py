@@ -8,23 +8,32 @@ engine asks the `Family`, never the config's architecture name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Optional
 
 import torch
 
-from celeris.engine.config import ModelConfig
 from celeris.engine.errors import FieldViolation
 from celeris.engine.params import SamplingParams
 from celeris.engine.sampling_batch import SelectionRule
 
-FULL, BLOCK = "full", "block"
+REVISE_ARCH = "diffusion-gemma"
+FULL, BLOCK, REVISE = "full", "block", "revise"
+# The knobs only a revising family reads, and the mask-model knobs it does not have.
+REVISE_KNOBS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                "confidence_threshold")
+_NOT_REVISING = ("temperature", "remasking", "threshold", "factor", "factor_rule", "schedule", "eps", "top_k",
+                 "top_p", "min_p", "min_tokens", "frequency_penalty", "presence_penalty", "logprobs", "cfg_scale", "stop")
 
 
 @dataclass(frozen=True)
 class Family:
-    arch: str  # llada, dream, sdar, llada2
-    kind: str  # FULL (LLaDA, Dream: a whole canvas, approximate caches) or BLOCK (SDAR, LLaDA2: exact cache)
-    rule: SelectionRule
+    arch: str  # llada, dream, sdar, llada2, diffusion-gemma
+    # FULL (LLaDA, Dream: a whole canvas, approximate caches), BLOCK (SDAR, LLaDA2: exact cache) or
+    # REVISE (DiffusionGemma: uniform-noise canvases re-sampled until a rule stops each; what a
+    # stream shows of the canvas being denoised may still change)
+    kind: str
+    rule: Optional[SelectionRule]
     block_length: int = 0  # the trained block size of a block family
 
     @property
@@ -32,21 +41,32 @@ class Family:
         return self.kind == BLOCK
 
     @property
+    def revising(self) -> bool:
+        """Shown tokens may change until final (DiffusionGemma), not only masks get filled."""
+        return self.kind == REVISE
+
+    @property
     def default_kv_cache(self) -> str:
         """What a request decodes over when it asks for nothing: block families' exact cache."""
-        return "exact" if self.block else "none"
+        return "exact" if self.kind in (BLOCK, REVISE) else "none"
 
     def base_params(self) -> SamplingParams:
         """Defaults before a checkpoint's own: a block family decodes in its trained block size,
         one token per step (SDAR's and LLaDA2's published step counts equal the block length)."""
         base = SamplingParams()
+        if self.revising:  # one canvas; steps and blocks mean nothing to it (its knobs are REVISE_KNOBS)
+            return replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
         return replace(base, block_length=self.block_length, steps=base.gen_length) if self.block else base
 
     def violations(self, p: SamplingParams) -> list[FieldViolation]:
         """Options this family's decoding does not have, by field."""
+        if self.revising:
+            return self._revise_violations(p)
+        base = SamplingParams()
+        bad = [FieldViolation(name, "only revising models (DiffusionGemma) have it")
+               for name in REVISE_KNOBS if getattr(p, name) != getattr(base, name)]
         if not self.block:
-            return []
-        bad = []
+            return bad
         if p.kv_cache not in (None, "none"):
             bad.append(FieldViolation("kv_cache", "block-diffusion models always decode over their exact block "
                                                   "cache; prefix/dual are full-canvas approximations"))
@@ -58,8 +78,23 @@ class Family:
         return bad
 
 
-def family_of(cfg: ModelConfig) -> Family:
-    """The family of a loaded model's config."""
+    @staticmethod
+    def _revise_violations(p: SamplingParams) -> list[FieldViolation]:
+        """DiffusionGemma samples by its own temperature schedule and entropy bound: the mask
+        models' selection knobs are refused when set away from their defaults."""
+        base = {f.name: f.default for f in fields(SamplingParams)}
+        bad = [FieldViolation(name, "not a knob of revising models (DiffusionGemma): see max_denoising_steps, "
+                                    "entropy_bound, t_min, t_max, stability_threshold, confidence_threshold")
+               for name in _NOT_REVISING if getattr(p, name) != base[name]]
+        if p.kv_cache not in (None, "none", "exact"):
+            bad.append(FieldViolation("kv_cache", "revising models always decode over their exact cache"))
+        return bad
+
+
+def family_of(cfg) -> Family:
+    """The family of a loaded model's config (a ModelConfig, or DiffusionGemma's GemmaConfig)."""
+    if getattr(cfg, "arch", "") == REVISE_ARCH:
+        return Family(REVISE_ARCH, REVISE, None, cfg.canvas_length)
     if cfg.family == BLOCK:
         # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
         rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)

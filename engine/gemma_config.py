@@ -55,6 +55,20 @@ class GemmaConfig:
     left_out: tuple[str, ...] = field(default=())  # what the folder has that celeris does not serve
 
     @property
+    def arch(self) -> str:
+        return "diffusion-gemma"
+
+    @property
+    def mask_token_id(self) -> int:
+        """No token of the vocabulary: what a position of a canvas not yet started shows (the
+        engine's mask), so such positions render as the mask marker and never as text."""
+        return self.vocab_size
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.eos_token_ids[0]
+
+    @property
     def cache_keep(self) -> int:
         """Sliding layers keep the last `sliding_window - 1` encoded positions (what the reference's
         sliding cache keeps, and so what its decoder sees)."""
@@ -152,3 +166,12 @@ def revise_defaults(folder: Path) -> ReviseParams:
         t_min=float(pick("t_min", base.t_min)), t_max=float(pick("t_max", base.t_max)),
         stability_threshold=int(pick("stability_threshold", base.stability_threshold)),
         confidence_threshold=float(pick("confidence_threshold", base.confidence_threshold)))
+
+
+def generation_eos(folder: Path) -> tuple[int, ...]:
+    """The end-of-sequence ids generation_config.json names (transformers stops at any of them)."""
+    path = Path(folder) / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),)

@@ -48,6 +48,16 @@ def celeris_name(name: str) -> Optional[str]:
     raise ModelLoadError(f"checkpoint tensor {name!r} is not part of a DiffusionGemma text model")
 
 
+def is_gemma_folder(folder: str | Path) -> bool:
+    """Whether a model folder's config.json names DiffusionGemma (which LLM.load serves apart)."""
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False  # the ordinary loader says what is wrong with it
+    return isinstance(raw, dict) and ARCHITECTURE in (raw.get("architectures") or [])
+
+
 def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> DiffusionGemma:
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())

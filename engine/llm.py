@@ -18,10 +18,13 @@ import torch
 from celeris.engine.block_runner import BlockRunner
 from celeris.engine.config import EngineConfig, ModelConfig
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.family import Family, family_of
+from celeris.engine.family import FULL, REVISE_KNOBS, Family, family_of
+from celeris.engine.gemma_config import generation_eos, revise_defaults
+from celeris.engine.gemma_weights import is_gemma_folder, load_gemma
 from celeris.engine.knobs import KNOBS
 from celeris.engine.model import MaskPredictor, count_parameters
 from celeris.engine.params import SamplingParams
+from celeris.engine.revise_runner import ReviseRunner
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
 from celeris.engine.runner import Runner
 from celeris.engine.runner_api import StepRunner
@@ -69,7 +72,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-    known = {k.name for k in KNOBS if not k.per_request}
+    known = {k.name for k in KNOBS if not k.per_request} - set(REVISE_KNOBS)  # a mask model has none of them
     return replace(base, **{k: v for k, v in raw.items() if k in known}).validate()
 
 
@@ -78,7 +81,8 @@ class LLM:
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.name = model, tokenizer, config, name
         self.family: Family = family_of(model.cfg)  # decided once: every other place asks it
-        self.runner: StepRunner = (BlockRunner if self.family.block else Runner)(model, config, self.family)
+        runner = ReviseRunner if self.family.revising else BlockRunner if self.family.block else Runner
+        self.runner: StepRunner = runner(model, config, self.family)
         self.loop = StepLoop(self.runner, config.max_queue)
         self.requests = Requests(tokenizer, config, defaults, self.family)
 
@@ -87,6 +91,8 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
+        if is_gemma_folder(folder):
+            return cls._load_revising(folder, config, defaults)
         if config.tensor_parallel_size != 1 or config.expert_parallel:
             from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
             model = start(folder, config)
@@ -94,6 +100,24 @@ class LLM:
             model = load_model(folder, dtype=config.dtype, device=config.device)
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
+
+    @classmethod
+    def _load_revising(cls, folder: Path, config: EngineConfig, defaults: Optional[SamplingParams]) -> LLM:
+        """A DiffusionGemma folder: its text model (what is left out is logged), tokenizer, and the
+        sampler defaults of its generation_config.json. One process, CPU: no parallel or CUDA path yet."""
+        if config.tensor_parallel_size != 1 or config.expert_parallel:
+            raise ModelLoadError("DiffusionGemma is served on one process only (no tensor/expert parallel yet)")
+        if config.device != "cpu":
+            raise ModelLoadError(f"DiffusionGemma is served on the CPU only for now, not {config.device!r}")
+        model = load_gemma(folder, dtype=config.dtype, device=config.device)
+        eos = tuple(dict.fromkeys(model.cfg.eos_token_ids + generation_eos(folder)))
+        model.cfg = replace(model.cfg, eos_token_ids=eos)  # the tokenizer's stop ids
+        family = family_of(model.cfg)
+        tok = Tokenizer.from_dir(folder, model.cfg)
+        if defaults is None:
+            r = revise_defaults(folder)
+            defaults = replace(family.base_params(), **{k: getattr(r, k) for k in REVISE_KNOBS}).validate()
+        return cls(model, tok, config, defaults, name=model.cfg.name)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a no-op on one process)."""
@@ -166,7 +190,7 @@ class LLM:
     @property
     def kv_cache(self) -> str:
         """What the engine caches by default: `exact` for block models, else the approximate mode."""
-        return "exact" if self.family.block else self.config.kv_cache
+        return self.config.kv_cache if self.family.kind == FULL else self.family.default_kv_cache
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()

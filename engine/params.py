@@ -33,6 +33,7 @@ MAX_SEED = 2**63 - 1
 MAX_STOP_IDS = 64
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20
+MAX_DENOISING_STEPS = 1024  # per canvas, revising models
 MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty / presence_penalty: [-2, 2]
 
 
@@ -83,6 +84,16 @@ class SamplingParams:
     provisional: bool = knob(False, "delta streams: each step, the sampler's pick at each position of the current "
                                     "block it left masked", cli=None, proto=None, per_request=True)
     cfg_scale: float = knob(0.0, "classifier-free guidance scale (0: off)")
+    # Revising models (DiffusionGemma) only: its generation_config.json's names and transformers'
+    # defaults; mask models refuse them set away from these (engine/family.py).
+    max_denoising_steps: int = knob(48, "revising models: most denoising steps per canvas")
+    entropy_bound: float = knob(0.1, "revising models: accept the lowest-entropy positions while their entropies, "
+                                     "less the largest, sum to at most this")
+    t_min: float = knob(0.4, "revising models: temperature at a canvas's last step (> 0)")
+    t_max: float = knob(0.8, "revising models: temperature at a canvas's first step (>= t_min)")
+    stability_threshold: int = knob(1, "revising models: a canvas stops once its argmax held this many steps "
+                                       "(and is confident)")
+    confidence_threshold: float = knob(0.005, "revising models: ...and its mean entropy is below this")
     seed: Optional[int] = knob(None, "random seed (unset: the engine picks one and reports it)", per_request=True)
     stop_at_eos: bool = knob(True, "finish once a finished block holds a stop token", http=None, cli=None, proto=None)
 
@@ -159,8 +170,26 @@ class SamplingParams:
                 bad(name, f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {clip(val)}")
         if not _finite(self.cfg_scale) or self.cfg_scale < 0:
             bad("cfg_scale", f"must be a finite number >= 0, got {clip(self.cfg_scale)}")
+        v += self._revise_violations()
         if self.seed is not None and (not _integer(self.seed) or not 0 <= self.seed <= MAX_SEED):
             bad("seed", f"must be an integer in [0, 2^63-1], got {clip(self.seed)}")
+        return v
+
+    def _revise_violations(self) -> list[FieldViolation]:
+        v: list[FieldViolation] = []
+        bad = lambda name, msg: v.append(FieldViolation(name, msg))  # noqa: E731
+        for name in ("max_denoising_steps", "stability_threshold"):
+            val, low = getattr(self, name), 1 if name == "max_denoising_steps" else 0
+            if not _integer(val) or not low <= val <= MAX_DENOISING_STEPS:
+                bad(name, f"must be an integer in [{low}, {MAX_DENOISING_STEPS}], got {clip(val)}")
+        if not _finite(self.entropy_bound) or self.entropy_bound < 0:
+            bad("entropy_bound", f"must be a finite number >= 0, got {clip(self.entropy_bound)}")
+        if not _finite(self.t_min) or self.t_min <= 0:
+            bad("t_min", f"must be a finite number > 0, got {clip(self.t_min)}")
+        if not _finite(self.t_max) or (_finite(self.t_min) and self.t_max < self.t_min):
+            bad("t_max", f"must be a finite number >= t_min, got {clip(self.t_max)}")
+        if not _finite(self.confidence_threshold) or self.confidence_threshold < 0:
+            bad("confidence_threshold", f"must be a finite number >= 0, got {clip(self.confidence_threshold)}")
         return v
 
     def _output_violations(self) -> list[FieldViolation]:

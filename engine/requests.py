@@ -20,6 +20,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 from celeris.engine.family import Family
 from celeris.engine.params import MAX_SEED, SamplingParams
+from celeris.engine.revise_request import RevisingSequence
 from celeris.engine.sequence import Sequence
 from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from celeris.engine.tokenizer import Tokenizer
@@ -143,6 +144,9 @@ class Requests:
         except InvalidRequest as e:
             v += e.violations
         constraint = None
+        if req.structured is not None and self.family.revising:
+            v.append(FieldViolation(req.structured.field, "structured outputs are not supported for revising models "
+                                                          "(DiffusionGemma)"))
         if req.structured is not None and not v:
             try:
                 constraint = self.constraint(req.structured, params)
@@ -265,6 +269,11 @@ class Requests:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.stop_ids)
         stops = dict(stop_ids=stop_ids, mask_id=self.tokenizer.mask_id,
                      find_stop_text=self.tokenizer.stop_finder(params.stop) if params.stop else None)
+        if self.family.revising:  # whole canvases, as transformers writes them; its exact cache
+            L = self.family.block_length
+            G = -(-params.gen_length // L) * L
+            params = replace(params, gen_length=G, block_length=L, steps=G // L, kv_cache="exact")
+            return RevisingSequence(rid, prompt_ids, params, **stops)
         if self.family.block:
             return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk,
                                  constraint=constraint, **stops)

@@ -81,15 +81,16 @@ class ReviseSequence:
         self._new_canvas()
 
 
-def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> None:
-    """One forward for every unfinished request, whatever its canvas and step."""
+def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> list[Optional[StepResult]]:
+    """One forward for every unfinished request, whatever its canvas and step: each row's step
+    result, in order (None for a row that had already finished)."""
     rows = [s for s in seqs if not s.finished]
     if not rows:
-        return
+        return [None] * len(seqs)
     canvas = torch.stack([s.canvas for s in rows])
     logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])
-    for s, lg in zip(rows, logits):
-        s.advance(lg)
+    out = {id(s): s.advance(lg) for s, lg in zip(rows, logits)}
+    return [out.get(id(s)) for s in seqs]
 
 
 def generate(model: DiffusionGemma, prompt: list[int], params: ReviseParams, seed: int, max_new_tokens: int,

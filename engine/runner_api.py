@@ -30,6 +30,10 @@ class RowResult:
     logprobs: tuple = ()  # per position: (logprob, ((id, logprob), ...))
     # With params.provisional: (position, token, confidence) of every candidate left masked.
     provisional: tuple = ()
+    # Revising families (revise_runner.py): `positions` are output offsets written this step,
+    # `final` how many output positions are now final, `done` whether the request ended.
+    final: int = 0
+    done: bool = False
 
 
 EMPTY = RowResult([], [], [])

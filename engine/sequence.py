@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 from celeris.engine.params import SamplingParams
 from celeris.engine.sampler import dream_transfer_count, transfer_schedule
@@ -79,9 +79,17 @@ class StepEvent:
     # With params.provisional: (position, token, confidence) for each position of the current
     # block the sampler ranked this step and left masked, its pick there (ascending positions).
     provisional: tuple = ()
+    # The stream contract: a position is final (will never change) or provisional (may). A mask
+    # model's committed positions are final (masked ones are not); a revising model's (DiffusionGemma)
+    # are final only below `settled` (its committed canvases), the rest shows its current guess.
+    revising: bool = False
     # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
     # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
     formatted: Any = None
+
+    def is_final(self, i: int, mask_id: int) -> bool:
+        """Whether canvas position i will never change again (the stream contract above)."""
+        return i < self.settled or (not self.revising and self.canvas[i] != mask_id)
 
 
 @dataclass
@@ -108,6 +116,7 @@ class Sequence:
     # each step only the slots' fronts may commit, under their token masks.
     constraint: Any = field(default=None, repr=False)
     skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
+    revising: ClassVar[bool] = False  # shown tokens may change before they are final (revise_request.py)
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -201,7 +210,7 @@ class Sequence:
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
-            stop_text=self.stop_text, provisional=() if self.finished else provisional)
+            stop_text=self.stop_text, provisional=() if self.finished else provisional, revising=self.revising)
 
     def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
         """`committed` with the structure's fixed positions (confidence 1), by position."""
@@ -210,6 +219,10 @@ class Sequence:
         pairs = sorted(fixed + [pc for pc in zip(committed, confidences) if pc[0] >= len(self.constraint.layout.canvas)
                                 or self.constraint.layout.canvas[pc[0]] == self.mask_id])
         return tuple(p for p, _ in pairs), tuple(c for _, c in pairs)
+
+    def apply_row(self, r: Any) -> StepEvent:
+        """Apply a runner's `runner_api.RowResult` for this request (the step loop's one call)."""
+        return self.apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
               logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:

@@ -120,8 +120,7 @@ class StepLoop:
         stepped = set(map(id, batch))
         for seq in self.running:
             seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
-        events = [seq.apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
-                  for seq, r in zip(batch, results)]
+        events = [seq.apply_row(r) for seq, r in zip(batch, results)]
         for seq in batch:
             if seq.finished:
                 self._release(seq)

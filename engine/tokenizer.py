@@ -46,7 +46,7 @@ class Tokenizer:
         self.pad_id = self._special_id(tc.get("pad_token"))
         if self.pad_id is None:
             self.pad_id = self.eos_id
-        stop = {self.eos_id}
+        stop = {self.eos_id, *getattr(cfg, "eos_token_ids", ())}  # DiffusionGemma names several
         for t in _END_OF_TURN:
             tid = tok.token_to_id(t)
             if tid is not None and tid != self.mask_id:

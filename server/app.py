@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import grpc
@@ -163,7 +163,10 @@ class CelerisServer:
     async def _warmup(self) -> None:
         """One tiny generation through the real path, so the first user request is not the slow one."""
         ids = self.llm.encode_prompt([self.llm.tokenizer.eos_id])
-        seq = self.llm.sequence(ids, SamplingParams(gen_length=1, steps=1, block_length=1, seed=0), "warmup")
+        params = SamplingParams(gen_length=1, steps=1, block_length=1, seed=0)
+        if self.llm.family.revising:  # one denoising step of one canvas
+            params = replace(params, max_denoising_steps=1)
+        seq = self.llm.sequence(ids, params, "warmup")
         with self.scheduler.submit(seq) as stream:
             async for _ in stream:
                 pass

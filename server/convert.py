@@ -156,14 +156,16 @@ def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
 def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.GenerateResponse:
     """A full (replace, not delta) snapshot; `committed` = positions since the last sent message."""
     tokens = [pb.Token(id=t, text=tok.token_text(t), masked=t == tok.mask_id,
-                       committed_this_step=i in committed, confidence=committed.get(i, 0.0))
+                       committed_this_step=i in committed, confidence=committed.get(i, 0.0),
+                       final=ev.is_final(i, tok.mask_id))
               for i, t in enumerate(ev.canvas)]
     positions = sorted(committed)
     return pb.GenerateResponse(
         request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
         num_blocks=ev.num_blocks, tokens=tokens,
         text=tok.decode_cut(ev.generated, ev.stop_text) if ev.stop_text else tok.render(ev.canvas[:ev.visible]),
-        committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished)
+        committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished,
+        final_positions=ev.settled, revising=ev.revising)
 
 
 def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer) -> pb.GenerateResponse:
@@ -195,6 +197,7 @@ class ChoiceFormatter:
     detok: Optional[IncrementalDetokenizer] = None
     first: bool = True
     lengths: tuple[int, int] = (0, 0)  # (gen_length, block_length)
+    final_sent: int = 0  # final_positions of the last message sent (a revising model's updates carry the flips)
 
     def __post_init__(self) -> None:
         self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
@@ -210,6 +213,7 @@ class ChoiceFormatter:
             msg = snapshot(ev, self.tok, committed)
         else:
             msg = self.delta(ev, committed)
+        self.final_sent = ev.settled
         msg.choice = self.choice
         if self.plan.delta:
             msg.format = pb.SNAPSHOT_FORMAT_DELTA
@@ -223,29 +227,32 @@ class ChoiceFormatter:
     def layout(self, ev: StepEvent) -> pb.CanvasLayout:
         gen_length, block_length = self.lengths
         return pb.CanvasLayout(gen_length=gen_length, block_length=block_length, num_blocks=ev.num_blocks,
-                               prompt_tokens=ev.prompt_tokens, mask_token_id=self.tok.mask_id, mask_text=MASK_MARKER)
+                               prompt_tokens=ev.prompt_tokens, mask_token_id=self.tok.mask_id, mask_text=MASK_MARKER,
+                               revising=ev.revising)
 
     def delta(self, ev: StepEvent, committed: dict[int, float]) -> pb.GenerateResponse:
         """What changed since the last message: O(changed positions), no full decode."""
         assert self.detok is not None
         changed = self.detok.update(ev.canvas, committed, ev.visible)
+        if ev.revising:  # positions made final since the last message, whether or not their id changed
+            changed = sorted(set(changed).union(range(self.final_sent, ev.settled)))
         positions = sorted(committed)
         text = self.tok.token_text
         return pb.GenerateResponse(
             request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
             num_blocks=ev.num_blocks, committed_positions=positions,
             committed_confidences=[committed[p] for p in positions], text_positions=ev.visible,
-            updates=[pb.TokenUpdate(position=p, token=self.token(p)) for p in changed],
+            final_positions=ev.settled, revising=ev.revising, updates=[pb.TokenUpdate(position=p, token=self.token(p, ev)) for p in changed],
             provisional=[pb.TokenUpdate(position=p, token=pb.Token(id=t, text=text(t), confidence=c))
                          for p, t, c in (ev.provisional if self.plan.provisional else ())])
 
-    def token(self, p: int) -> pb.Token:
-        """Position p's id, own text, masked flag and piece (set only where it differs)."""
+    def token(self, p: int, ev: StepEvent) -> pb.Token:
+        """Position p's id, own text, masked and final flags, and piece (set only where it differs)."""
         d = self.detok
         assert d is not None
         t = d.ids[p]
         text, piece = self.tok.token_text(t), d.pieces[p]
-        token = pb.Token(id=t, text=text, masked=t == self.tok.mask_id)
+        token = pb.Token(id=t, text=text, masked=t == self.tok.mask_id, final=ev.is_final(p, self.tok.mask_id))
         if piece != text:
             token.piece = piece
         return token
@@ -262,5 +269,8 @@ def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
         defaults=pb.SamplingDefaults(gen_length=d.gen_length, steps=d.steps, block_length=d.block_length,
                                      temperature=d.temperature, remasking=REMASKING_TO_PB[d.remasking],
                                      kv_cache=KV_CACHE_TO_PB[llm.kv_cache], schedule=SCHEDULE_TO_PB[d.schedule],
-                                     frequency_penalty=d.frequency_penalty, presence_penalty=d.presence_penalty),
+                                     frequency_penalty=d.frequency_penalty, presence_penalty=d.presence_penalty,
+                                     max_denoising_steps=d.max_denoising_steps, entropy_bound=d.entropy_bound,
+                                     t_min=d.t_min, t_max=d.t_max, stability_threshold=d.stability_threshold,
+                                     confidence_threshold=d.confidence_threshold),
         dtype=ec.dtype, device=ec.device)

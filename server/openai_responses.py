@@ -6,17 +6,25 @@ Streaming has two modes:
   text is sent as a delta and the final chunk carries the rest, finish_reason and usage.
 - diffusing, delta (`stream: true, diffusing: true` or `"delta"`, the default): each event's
   `celeris` object carries only the cells that changed since the previous event (`updates`:
-  {"i", "text", "masked", and "piece" where it differs from text}), the positions committed this
-  step (`new`) and `visible` (text is echo + the pieces of cells [0, visible); cells from there on
+  {"i", "text", "masked", "final", and "piece" where it differs from text}), the positions committed
+  this step (`new`), `final_positions` and `visible` (text is echo + the pieces of cells [0, visible); cells from there on
   are "stop"); the first event adds `layout` {gen_length, num_blocks, prompt_tokens, mask_text,
-  echo}, and the usual text field stays empty. With `provisional: true` each event before the last
+  echo, revising}, and the usual text field stays empty. Final vs provisional (as the proto's
+  contract): a cell with "final": true never changes again; with a revising model (DiffusionGemma,
+  layout "revising": true) an unmasked cell may be replaced by a later update until it is final,
+  and every cell that became final is listed in `updates`, changed or not. Cells [0,
+  final_positions) are final in every family. With `provisional: true` each event before the last
   also carries `provisional`: [{"i", "text", "confidence"}], the sampler's pick at each cell of the
   current block it ranked this step and left masked (replacing the previous event's list whole).
   The last event is a whole snapshot, as below, with the final text. Built in O(changed cells)
   by the engine's incremental detokenizer.
 - diffusing, full (`diffusing: "full"`): every event carries the whole canvas as text (replace,
   not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
-  so, with step / block counters and each position's state for live views.
+  so, with step / block counters, `final_positions` and each position's state (and "final") for
+  live views.
+
+Plain streaming sends only final text in every family: a finished block, or a revising model's
+stopped canvas, is final; the canvas a revising model is still denoising is never sent.
 
 Stream events are built by `Responder.stream_formatter`, which the gateway hands to the scheduler:
 it runs in the step worker thread (once per step per choice) and returns finished SSE bytes.
@@ -100,6 +108,7 @@ class Responder:
         self.first = True
         self.detok: Optional[IncrementalDetokenizer] = None  # delta diffusing: the cells' pieces
         self.layout_sent = False
+        self.final_sent = 0  # final_positions of the previous delta event
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
         obj = "chat.completion" + (".chunk" if chunk else "") if self.chat else "text_completion"
@@ -174,13 +183,14 @@ class Responder:
         """A full snapshot of the canvas (replace, not append)."""
         mask, new, first_stop = self.tok.mask_id, set(ev.committed), ev.visible
         cells = [{"text": self.tok.token_text(t), "new": i in new,
-                  "state": "masked" if t == mask else "stop" if i >= first_stop else "token"}
+                  "state": "masked" if t == mask else "stop" if i >= first_stop else "token",
+                  "final": ev.is_final(i, mask)}
                  for i, t in enumerate(ev.canvas)]
         text = self.echo + (self.tok.decode_cut(ev.generated, ev.stop_text) if ev.finished
                             else self.tok.render(ev.canvas[:first_stop]))
         extra = {"replace": True, "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": sum(c["state"] == "masked" for c in cells),
-                 "committed": len(new), "done": ev.finished, "tokens": cells}
+                 "committed": len(new), "done": ev.finished, "final_positions": ev.settled, "tokens": cells}
         if ev.finished:
             extra |= {"seed": seed_text(ev.seed), "kv_cache": ev.kv_cache}
         return self._chunk(text, ev, extra)
@@ -195,16 +205,21 @@ class Responder:
             self.detok = IncrementalDetokenizer(self.tok, len(ev.canvas))
         d = self.detok
         changed = d.update(ev.canvas, ev.committed, ev.visible)
+        if ev.revising:  # cells made final since the previous event, whether or not their token changed
+            changed = sorted(set(changed).union(range(self.final_sent, ev.settled)))
+        self.final_sent = ev.settled
         updates = []
         for i in changed:
             t = d.ids[i]
-            cell: dict[str, Any] = {"i": i, "text": self.tok.token_text(t), "masked": t == self.tok.mask_id}
+            cell: dict[str, Any] = {"i": i, "text": self.tok.token_text(t), "masked": t == self.tok.mask_id,
+                                    "final": ev.is_final(i, self.tok.mask_id)}
             if d.pieces[i] != cell["text"]:
                 cell["piece"] = d.pieces[i]
             updates.append(cell)
         extra = {"format": "delta", "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
                  "num_blocks": ev.num_blocks, "masked": d.masked, "committed": len(ev.committed), "done": False,
-                 "new": sorted(ev.committed), "visible": ev.visible, "updates": updates}
+                 "new": sorted(ev.committed), "visible": ev.visible, "final_positions": ev.settled,
+                 "updates": updates}
         if self.provisional:
             extra["provisional"] = [{"i": i, "text": self.tok.token_text(t), "confidence": c}
                                     for i, t, c in ev.provisional]
@@ -215,7 +230,7 @@ class Responder:
             self.layout_sent = True
             chunk["celeris"]["layout"] = {"gen_length": len(ev.canvas), "num_blocks": ev.num_blocks,
                                           "prompt_tokens": ev.prompt_tokens, "mask_text": MASK_MARKER,
-                                          "echo": self.echo}
+                                          "echo": self.echo, "revising": ev.revising}
         return chunk
 
     def stream_formatter(self, diffusing: str = "") -> Callable[[StepEvent], Optional[bytes]]:

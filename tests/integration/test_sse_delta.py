@@ -24,7 +24,7 @@ def replay(events: list) -> list[dict]:
         assert c["format"] == "delta"
         if "layout" in c:
             lay = c["layout"]
-            blank = {"text": lay["mask_text"], "piece": lay["mask_text"], "masked": True}
+            blank = {"text": lay["mask_text"], "piece": lay["mask_text"], "masked": True, "final": False}
             state[k] = {"cells": [dict(blank) for _ in range(lay["gen_length"])], "echo": lay["echo"]}
         if c["done"]:  # a whole snapshot
             out.append({"index": k, "text": text_of(choice), "tokens": c["tokens"], "step": c["step"],
@@ -32,10 +32,11 @@ def replay(events: list) -> list[dict]:
             continue
         s = state[k]
         for u in c["updates"]:
-            s["cells"][u["i"]] = {"text": u["text"], "piece": u.get("piece", u["text"]), "masked": u["masked"]}
+            s["cells"][u["i"]] = {"text": u["text"], "piece": u.get("piece", u["text"]), "masked": u["masked"],
+                                  "final": u["final"]}
         new, vis = set(c["new"]), c["visible"]
         cells = [{"text": x["text"], "new": i in new,
-                  "state": "masked" if x["masked"] else "stop" if i >= vis else "token"}
+                  "state": "masked" if x["masked"] else "stop" if i >= vis else "token", "final": x["final"]}
                  for i, x in enumerate(s["cells"])]
         assert text_of(choice) == ""  # the usual text field stays empty in delta events
         out.append({"index": k, "text": s["echo"] + "".join(x["piece"] for x in s["cells"][:vis]), "tokens": cells,

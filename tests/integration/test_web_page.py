@@ -246,3 +246,37 @@ def test_the_default_prompt_is_one_the_embedded_model_answers():
     params = fit_lengths(llm.defaults, {"gen_length": 64, "seed": 0, "temperature": 0.0})
     (out,) = llm.generate([llm.encode_prompt(messages=[{"role": "user", "content": prompt}])], params)
     assert out.text.strip() == str(a + b)
+
+
+def test_browser_marks_a_revising_models_cells_as_they_change(browser, tmp_path_factory):
+    """DiffusionGemma (tiny, random): cells of the canvas being denoised are shown as may-change
+    and a replaced cell is marked in the frame that replaces it; the page ends on the final text."""
+    pytest.importorskip("transformers")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
+    from tests.unit.revise_references.gemma_checkpoint import write_checkpoint, write_tokenizer
+
+    folder = write_tokenizer(write_checkpoint(tmp_path_factory.mktemp("dg-page"), canvas_length=8, seed=8))
+    llm = LLM.load(folder, EngineConfig(max_batch=2, max_queue=4, max_prompt_tokens=32, max_gen_length=64))
+    with live_server(llm) as live:
+        browser.get(live.http_url + "/")
+        WebDriverWait(browser, 30).until(lambda d: "running" in d.find_element("id", "model").text)
+        browser.find_element("xpath", "//input[@value='completion']/..").click()
+        fill(browser, "prompt", "w5 w6 w7")
+        for field, value in (("max_tokens", "16"), ("max_denoising_steps", "5"), ("seed", "3")):
+            fill(browser, field, value)
+        browser.find_element("id", "go").click()
+        WebDriverWait(browser, 120).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
+                                          in ("done", "error"))
+        assert browser.find_element("id", "error").text == ""
+        frames = browser.execute_script("return window.celerisFrames")
+        body = {"prompt": "w5 w6 w7", "max_tokens": 16, "max_denoising_steps": 5, "seed": 3}
+        req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        final = json.loads(urllib.request.urlopen(req).read())["choices"][0]["text"]
+    assert frames[0]["maychange"] > 0 and frames[-1]["maychange"] == 0  # the first canvas, shown and provisional
+    assert any(f["revised"] > 0 for f in frames)  # a later step replaced cells shown before, visibly
+    assert frames[-1]["done"] and frames[-1]["revised"] == 0
+    assert frames[-1]["text"] == final

@@ -71,7 +71,7 @@ def test_run_timings_split_on_the_embedded_model():
     assert set(t) == {"imports_s", "load_s", "generate_s", "threads"} and t["threads"] >= 1
     assert all(t[k] >= 0 for k in ("imports_s", "load_s", "generate_s"))
     assert "start-up" in r.stderr and "model build and load" in r.stderr
-    probe = ("import sys; from engine.llm import LLM; LLM.load(); "
+    probe = ("import sys; from celeris.engine.llm import LLM; LLM.load(); "
              "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

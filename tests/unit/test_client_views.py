@@ -118,3 +118,21 @@ def test_done_ids_ignores_failures_and_torn_lines(tmp_path):
     out.write_text('{"id": "a", "status": "ok"}\n{"id": "b", "status": "error"}\n{"id": "c", "sta')
     assert done_ids(out) == {"a"}
     assert done_ids(tmp_path / "missing.jsonl") == set()
+
+
+def test_render_canvas_marks_a_revising_models_cells():
+    """Unmasked cells that may still change are underlined, a cell this snapshot replaced is in
+    reverse video, final cells are plain; a mask model's snapshot has none of these marks."""
+    from celeris_client.view import MAYCHANGE, REVISED, status_line
+
+    tokens = (Token(10, "a", False, False, 0.0, final=True), Token(11, "b", False, True, 0.9),
+              Token(12, "c", False, True, 0.9), Token(13, MASK, True, False, 0.0))
+    s = Snapshot("r", 2, 8, 0, 2, "abc" + MASK, tokens, (1, 2), (0.9, 0.9), False, final_positions=1,
+                 revised=(2,), revising=True)
+    styled, plain = render_canvas(s)
+    assert plain == "abc" + MASK
+    assert styled.startswith("a") and f"{MAYCHANGE}b" in styled and f"{REVISED}c" in styled
+    assert "2 may change · 1 revised" in status_line(s, 1.0)
+    mask_model = dataclasses.replace(s, revising=False, revised=())
+    styled, _ = render_canvas(mask_model)
+    assert MAYCHANGE not in styled and REVISED not in styled and "may change" not in status_line(mask_model, 1.0)

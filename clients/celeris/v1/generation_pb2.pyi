@@ -118,7 +118,7 @@ class StreamOptions(_message.Message):
     def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "min_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "structured_output")
+    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "min_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold", "structured_output")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,12 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DENOISING_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_BOUND_FIELD_NUMBER: _ClassVar[int]
+    T_MIN_FIELD_NUMBER: _ClassVar[int]
+    T_MAX_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
@@ -178,8 +184,14 @@ class GenerateRequest(_message.Message):
     n: int
     frequency_penalty: float
     presence_penalty: float
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
     structured_output: StructuredOutput
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "json_object")
@@ -210,7 +222,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class Token(_message.Message):
-    __slots__ = ("id", "text", "masked", "committed_this_step", "confidence", "logprob", "top_logprobs", "piece")
+    __slots__ = ("id", "text", "masked", "committed_this_step", "confidence", "logprob", "top_logprobs", "piece", "final")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MASKED_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +231,7 @@ class Token(_message.Message):
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: str
     masked: bool
@@ -227,7 +240,8 @@ class Token(_message.Message):
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     piece: str
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., masked: _Optional[bool] = ..., committed_this_step: _Optional[bool] = ..., confidence: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., piece: _Optional[str] = ...) -> None: ...
+    final: bool
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., masked: _Optional[bool] = ..., committed_this_step: _Optional[bool] = ..., confidence: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., piece: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class TokenUpdate(_message.Message):
     __slots__ = ("position", "token")
@@ -238,20 +252,22 @@ class TokenUpdate(_message.Message):
     def __init__(self, position: _Optional[int] = ..., token: _Optional[_Union[Token, _Mapping]] = ...) -> None: ...
 
 class CanvasLayout(_message.Message):
-    __slots__ = ("gen_length", "block_length", "num_blocks", "prompt_tokens", "mask_token_id", "mask_text")
+    __slots__ = ("gen_length", "block_length", "num_blocks", "prompt_tokens", "mask_token_id", "mask_text", "revising")
     GEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MASK_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     MASK_TEXT_FIELD_NUMBER: _ClassVar[int]
+    REVISING_FIELD_NUMBER: _ClassVar[int]
     gen_length: int
     block_length: int
     num_blocks: int
     prompt_tokens: int
     mask_token_id: int
     mask_text: str
-    def __init__(self, gen_length: _Optional[int] = ..., block_length: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., mask_text: _Optional[str] = ...) -> None: ...
+    revising: bool
+    def __init__(self, gen_length: _Optional[int] = ..., block_length: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., mask_text: _Optional[str] = ..., revising: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "forward_passes")
@@ -264,7 +280,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions")
+    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions", "final_positions", "revising")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +302,8 @@ class GenerateResponse(_message.Message):
     PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     TEXT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    REVISING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     total_steps: int
@@ -307,7 +325,9 @@ class GenerateResponse(_message.Message):
     provisional: _containers.RepeatedCompositeFieldContainer[TokenUpdate]
     format: SnapshotFormat
     text_positions: int
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ..., updates: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., layout: _Optional[_Union[CanvasLayout, _Mapping]] = ..., provisional: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., text_positions: _Optional[int] = ...) -> None: ...
+    final_positions: int
+    revising: bool
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ..., updates: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., layout: _Optional[_Union[CanvasLayout, _Mapping]] = ..., provisional: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., text_positions: _Optional[int] = ..., final_positions: _Optional[int] = ..., revising: _Optional[bool] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
@@ -326,7 +346,7 @@ class Limits(_message.Message):
     def __init__(self, max_prompt_tokens: _Optional[int] = ..., max_gen_length: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_queue: _Optional[int] = ...) -> None: ...
 
 class SamplingDefaults(_message.Message):
-    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking", "kv_cache", "schedule", "frequency_penalty", "presence_penalty")
+    __slots__ = ("gen_length", "steps", "block_length", "temperature", "remasking", "kv_cache", "schedule", "frequency_penalty", "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold")
     GEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +356,12 @@ class SamplingDefaults(_message.Message):
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DENOISING_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_BOUND_FIELD_NUMBER: _ClassVar[int]
+    T_MIN_FIELD_NUMBER: _ClassVar[int]
+    T_MAX_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     gen_length: int
     steps: int
     block_length: int
@@ -345,7 +371,13 @@ class SamplingDefaults(_message.Message):
     schedule: Schedule
     frequency_penalty: float
     presence_penalty: float
-    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ...) -> None: ...
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
+    def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
     __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device")

@@ -34,6 +34,18 @@ class GenerationServiceStub:
     ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
     the positions that changed, from which the client rebuilds the canvas.
 
+    Final and provisional positions. Every position a message shows is either
+    final (Token.final: its id will never change again in this stream) or
+    provisional (it may). For a mask model (LLaDA, Dream, SDAR, LLaDA2) a
+    committed position is final and a masked one is provisional. A revising
+    model (DiffusionGemma; CanvasLayout.revising, GetModelInfoResponse
+    .architecture "diffusion-gemma") shows a real token at every position of
+    the canvas it is denoising, and a later message may replace it with another
+    (in SNAPSHOT_FORMAT_DELTA a TokenUpdate for a position shown before replaces
+    it); its positions become final when their canvas stops. In every family the
+    positions [0, GenerateResponse.final_positions) are final, so text decoded
+    from them never has to be taken back.
+
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):
     - INVALID_ARGUMENT + google.rpc.BadRequest (one FieldViolation per bad
@@ -78,6 +90,18 @@ class GenerationServiceServicer:
     committed per step. Generate therefore streams snapshots of the canvas: whole
     ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
     the positions that changed, from which the client rebuilds the canvas.
+
+    Final and provisional positions. Every position a message shows is either
+    final (Token.final: its id will never change again in this stream) or
+    provisional (it may). For a mask model (LLaDA, Dream, SDAR, LLaDA2) a
+    committed position is final and a masked one is provisional. A revising
+    model (DiffusionGemma; CanvasLayout.revising, GetModelInfoResponse
+    .architecture "diffusion-gemma") shows a real token at every position of
+    the canvas it is denoising, and a later message may replace it with another
+    (in SNAPSHOT_FORMAT_DELTA a TokenUpdate for a position shown before replaces
+    it); its positions become final when their canvas stops. In every family the
+    positions [0, GenerateResponse.final_positions) are final, so text decoded
+    from them never has to be taken back.
 
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):
@@ -152,6 +176,18 @@ class GenerationService:
     committed per step. Generate therefore streams snapshots of the canvas: whole
     ones (SNAPSHOT_FORMAT_FULL, the default) or, with SNAPSHOT_FORMAT_DELTA, only
     the positions that changed, from which the client rebuilds the canvas.
+
+    Final and provisional positions. Every position a message shows is either
+    final (Token.final: its id will never change again in this stream) or
+    provisional (it may). For a mask model (LLaDA, Dream, SDAR, LLaDA2) a
+    committed position is final and a masked one is provisional. A revising
+    model (DiffusionGemma; CanvasLayout.revising, GetModelInfoResponse
+    .architecture "diffusion-gemma") shows a real token at every position of
+    the canvas it is denoising, and a later message may replace it with another
+    (in SNAPSHOT_FORMAT_DELTA a TokenUpdate for a position shown before replaces
+    it); its positions become final when their canvas stops. In every family the
+    positions [0, GenerateResponse.final_positions) are final, so text decoded
+    from them never has to be taken back.
 
     Errors are real gRPC statuses carrying google.rpc error details (never error
     fields inside a normal response):

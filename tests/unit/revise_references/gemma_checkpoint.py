@@ -48,3 +48,19 @@ def reference_generate(model, prompt: list[int], seed: int, max_new_tokens: int,
     torch.manual_seed(seed)
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, **gen)
     return out.sequences[0, len(prompt):].tolist()
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 96) -> Path:
+    """A word-level tokenizer for the tiny checkpoint's ids (pad 0, eos 1, bos 2): transformers'
+    save_pretrained writes none, and serving needs one to decode."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(4, vocab_size)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "add_bos_token": True}))
+    return folder

@@ -1,0 +1,90 @@
+"""Runs one batched step of revising-model requests (DiffusionGemma) over `revise_sequence.step_rows`.
+
+Each slot holds one `ReviseSequence`: its exact KV cache (prompt and committed canvases), its
+canvas, self-conditioning logits and its own CPU random stream, seeded as `torch.manual_seed(seed)`
+seeds the global one, so a request decodes the same text alone or batched and the text
+transformers' generate() gives that prompt and seed. A step runs one denoiser forward over every
+row, whatever canvas and step each is at (keys padded per row); a canvas that stops is encoded
+into its row's cache in the same step. The contract is `runner_api.StepRunner`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence as Seq
+
+import torch
+
+from celeris.engine.config import EngineConfig
+from celeris.engine.family import Family
+from celeris.engine.gemma import DiffusionGemma
+from celeris.engine.params import SamplingParams
+from celeris.engine.revise_request import RevisingSequence
+from celeris.engine.revise_sampler import ReviseParams, StepResult
+from celeris.engine.revise_sequence import ReviseSequence, step_rows
+from celeris.engine.runner_api import RowResult, StepStats
+
+DENOISE = "denoise"
+
+
+def revise_params(p: SamplingParams) -> ReviseParams:
+    """A request's diffusion settings, from its sampling parameters."""
+    return ReviseParams(max_denoising_steps=p.max_denoising_steps, entropy_bound=p.entropy_bound, t_min=p.t_min,
+                        t_max=p.t_max, stability_threshold=p.stability_threshold,
+                        confidence_threshold=p.confidence_threshold)
+
+
+class ReviseRunner:
+    def __init__(self, model: DiffusionGemma, config: EngineConfig, family: Family):
+        self.model, self.config, self.family = model, config, family
+        self.slots = config.max_batch
+        self.canvas_length = model.cfg.canvas_length
+        self.pad_id = model.cfg.pad_token_id
+        self.rows: dict[int, ReviseSequence] = {}  # slot -> the model side of its request
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    def row_tokens(self, s: RevisingSequence) -> int:
+        """The canvas's queries over the keys it reads: prompt, committed canvases, the canvas."""
+        return self.canvas_length + len(s.prompt) + s.final_length
+
+    @staticmethod
+    def forward_kind(s: RevisingSequence) -> str:
+        return DENOISE  # every row shares the one denoiser forward
+
+    def load(self, seq: RevisingSequence) -> None:
+        """Encode the prompt into a fresh cache and draw the first canvas (the request's first
+        random draw). A slot's previous request (finished or cancelled) is dropped here."""
+        p = seq.params
+        self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
+                                             p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id)
+
+    def step(self, seqs: Seq[RevisingSequence]) -> tuple[list[RowResult], StepStats]:
+        t0 = time.perf_counter()
+        rows = [self.rows[s.slot] for s in seqs]
+        settled = [len(r.final) for r in rows]
+        steps = step_rows(self.model, rows)
+        results = [self._result(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
+        for s, r in zip(seqs, rows):
+            if r.finished:
+                del self.rows[s.slot]
+        keys = max(self.row_tokens(s) for s in seqs)
+        committed = sum(len(x.positions) for x in results)
+        return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,
+                                  time.perf_counter() - t0)
+
+    def _result(self, seq: RevisingSequence, row: ReviseSequence, res: Optional[StepResult],
+                before: int) -> RowResult:
+        """What this step wrote: every position of the canvas it denoised (from offset `before`) whose
+        shown token changed, and, when that canvas stopped, all of it (its positions became final)."""
+        view = row.final + row.draft
+        end = min(len(view), before + self.canvas_length)
+        stopped = len(row.final) > before
+        shown = seq.canvas
+        positions = [i for i in range(before, end) if stopped or view[i] != shown[i]]
+        conf = [] if res is None else torch.softmax(res.logits, -1).amax(-1).tolist()
+        return RowResult(positions, [view[i] for i in positions],
+                         [conf[i - before] if conf else 0.0 for i in positions],
+                         final=len(row.final), done=row.finished)
