@@ -18,6 +18,10 @@ from engine.params import SamplingParams
 from engine.sampling_batch import SelectionRule
 
 FULL, BLOCK = "full", "block"
+# Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
+# default is 50 unless generation_config.json sets it: confidences are then ranked over the 50
+# most likely tokens' renormalised probabilities.
+DREAM_TOP_K = 50
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Family:
         """Defaults before a checkpoint's own: a block family decodes in its trained block size,
         one token per step (SDAR's and LLaDA2's published step counts equal the block length)."""
         base = SamplingParams()
+        if self.arch == "dream":  # transformers' GenerationConfig default, which Dream's loop inherits
+            return replace(base, top_k=DREAM_TOP_K)
         return replace(base, block_length=self.block_length, steps=base.gen_length) if self.block else base
 
     def violations(self, p: SamplingParams) -> list[FieldViolation]:
@@ -64,7 +70,8 @@ def family_of(cfg: ModelConfig) -> Family:
         # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
         rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)
         return Family(cfg.arch, BLOCK, rule, cfg.block_length)
-    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype
-        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True))
+    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype, after top-k
+        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True,
+                                                    conf_after_filter=True))
     # LLaDA's first published generate() and Fast-dLLM: float64 confidences over the raw logits.
     return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, torch.float64))

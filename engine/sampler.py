@@ -140,7 +140,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     logits (B, W, V) of the window's positions. Penalties (`penalize`) shift the logits that pick
     the token and rank it; top-k / top-p (`filter_logits`) narrow only which token is drawn, its
     confidence is read from the whole distribution (as SDAR's evaluation sampler does), so
-    top_k=1 does not make every confidence 1.0. `min_tokens` bans a row's stop ids at positions
+    top_k=1 does not make every confidence 1.0; a rule with `conf_after_filter` (Dream's
+    sample_tokens) reads it from the filtered one. `min_tokens` bans a row's stop ids at positions
     before it. The mask id is never a candidate token (a random or undertrained model may rank it
     first; published loops would commit it and keep the position masked, or loop forever under a
     threshold). Fixed shapes, no host synchronisation: this can run after a CUDA graph replay.
@@ -165,7 +166,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
-    conf = confidences(logits, x0, batch.remask, u_random, rule.conf_dtype or logits.dtype, batch.measures)
+    conf = confidences(pick if rule.conf_after_filter else logits, x0, batch.remask, u_random,
+                       rule.conf_dtype or logits.dtype, batch.measures)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.

@@ -38,12 +38,15 @@ class SelectionRule:
     """A family's published sampler: the confidence dtype (None: the logits' own, as Dream),
     x0 as the argmax of the softmax rather than of the logits (Dream, SDAR, LLaDA2), and the
     block families' dynamic threshold (every candidate strictly above it if that is at least
-    the schedule's k, else the top k). mask_id is never a candidate token."""
+    the schedule's k, else the top k), and confidences read from the top-k/top-p filtered
+    distribution (Dream's sample_tokens) rather than the whole one. mask_id is never a candidate
+    token."""
 
     mask_id: int
     conf_dtype: Optional[torch.dtype] = torch.float64
     x0_from_probs: bool = False
     block_threshold: bool = False
+    conf_after_filter: bool = False
 
 
 @dataclass(frozen=True)
