@@ -30,6 +30,7 @@ class Family:
     kind: str  # FULL (LLaDA, Dream: a whole canvas, approximate caches) or BLOCK (SDAR, LLaDA2: exact cache)
     rule: SelectionRule
     block_length: int = 0  # the trained block size of a block family
+    edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
 
     @property
     def block(self) -> bool:
@@ -46,13 +47,20 @@ class Family:
         base = SamplingParams()
         if self.arch == "dream":  # transformers' GenerationConfig default, which Dream's loop inherits
             return replace(base, top_k=DREAM_TOP_K)
-        return replace(base, block_length=self.block_length, steps=base.gen_length) if self.block else base
+        if not self.block:
+            return base
+        base = replace(base, block_length=self.block_length, steps=base.gen_length)
+        # LLaDA2.1's published generate(): threshold 0.95, editing_threshold 0.9, max_post_steps 16.
+        return replace(base, threshold=0.95, editing_threshold=0.9, max_post_steps=16) if self.edits else base
 
     def violations(self, p: SamplingParams) -> list[FieldViolation]:
         """Options this family's decoding does not have, by field."""
-        if not self.block:
-            return []
         bad = []
+        if p.editing_threshold is not None and not self.edits:
+            bad.append(FieldViolation("editing_threshold", "this model never replaces a token it wrote; token editing "
+                                                           "is LLaDA2.1's"))
+        if not self.block:
+            return bad
         if p.kv_cache not in (None, "none"):
             bad.append(FieldViolation("kv_cache", "block-diffusion models always decode over their exact block "
                                                   "cache; prefix/dual are full-canvas approximations"))
@@ -69,7 +77,7 @@ def family_of(cfg: ModelConfig) -> Family:
     if cfg.family == BLOCK:
         # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
         rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)
-        return Family(cfg.arch, BLOCK, rule, cfg.block_length)
+        return Family(cfg.arch, BLOCK, rule, cfg.block_length, edits=cfg.token_editing)
     if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype, after top-k
         return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True,
                                                     conf_after_filter=True))

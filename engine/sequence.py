@@ -79,6 +79,11 @@ class StepEvent:
     # With params.provisional: (position, token, confidence) for each position of the current
     # block the sampler ranked this step and left masked, its pick there (ascending positions).
     provisional: tuple = ()
+    # Token editing (LLaDA2.1): the positions of `committed` that replaced a token written at an
+    # earlier step (not a mask), ascending. With `revising`, a committed position may still change
+    # until it is settled (positions < `settled` are final); without it, committed means final.
+    revised: tuple[int, ...] = ()
+    revising: bool = False
     # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
     # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
     formatted: Any = None
@@ -146,6 +151,11 @@ class Sequence:
         return self.params.gen_length if self.params.adaptive else self.params.steps
 
     @property
+    def revising(self) -> bool:
+        """Whether a committed token may still be replaced before it is settled (token editing)."""
+        return False
+
+    @property
     def forward_passes(self) -> int:
         """Model calls spent on this request: one per step, two with classifier-free guidance."""
         return self.nfe * (2 if self.params.cfg_scale > 0 else 1)
@@ -182,7 +192,8 @@ class Sequence:
         return tuple(self.canvas), p.num_blocks, settled
 
     def event(self, committed: tuple[int, ...] = (), confidences: tuple[float, ...] = (),
-              block: Optional[int] = None, block_complete: bool = False, provisional: tuple = ()) -> StepEvent:
+              block: Optional[int] = None, block_complete: bool = False, provisional: tuple = (),
+              revised: tuple[int, ...] = ()) -> StepEvent:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
@@ -201,7 +212,8 @@ class Sequence:
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
-            stop_text=self.stop_text, provisional=() if self.finished else provisional)
+            stop_text=self.stop_text, provisional=() if self.finished else provisional, revised=revised,
+            revising=self.revising)
 
     def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
         """`committed` with the structure's fixed positions (confidence 1), by position."""
