@@ -223,6 +223,11 @@ def llada21_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: i
     the iteration started with no mask and edited nothing. After a block, with no mask left in
     the generated part and an EOS in it, the loop stops (eos_early_stop; the output is the same
     without it: a finished block never changes). The output is cut after the first EOS.
+
+    Not run against the published file itself (the Hugging Face repository is not reachable from
+    here): written from public transcriptions and parity notes of it, which agree on every rule
+    above. test_block_references ties it to the LLaDA2.0 loop (checked against the published code)
+    where the two must agree.
     """
     P = len(prompt_ids)
     b = block_length
