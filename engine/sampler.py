@@ -159,13 +159,13 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
     else:
         scores = pick.clone()  # (no host tensor here: this may run on a graph's output)
-    # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
-    free = scores.argmax(-1) if batch.editing is not None else None
-    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
     if batch.min_tokens is not None:
         vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, batch.stop_ids, True)[:, :V]
         early = window.canvas_pos < batch.min_tokens[:, None]  # (B, W)
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
+    # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
+    free = scores.argmax(-1) if batch.editing is not None else None
+    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
     conf = confidences(pick if rule.conf_after_filter else logits, x0, batch.remask, u_random,
