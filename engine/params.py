@@ -58,9 +58,9 @@ class SamplingParams:
     remasking: str = knob("low_confidence", "how a position's confidence is measured")
     threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]")
     factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)")
-    editing_threshold: Optional[float] = knob(None, "token editing (LLaDA2.1 only): a written token of the current block "
-                                                    "is replaced when the model's pick there differs and its "
-                                                    "probability is > this, in [0, 1]; unset: no editing")
+    editing_threshold: Optional[float] = knob(
+        None, "token editing (LLaDA2.1 only): a written token of the current block is replaced when the model's "
+              "pick there differs and its probability is > this, in [0, 1]; 1: off (default: LLaDA2.1's 0.9)")
     max_post_steps: int = knob(16, "token editing: at most this many extra steps per block after its last mask is "
                                    "filled, while edits go on")
     factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula")

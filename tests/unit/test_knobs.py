@@ -26,7 +26,8 @@ from server.openai_api import parse_request
 ROOT = Path(__file__).resolve().parents[2]
 # One non-default value per knob, exactly representable in float32 (the proto's floats).
 SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5, "remasking": "margin",
-           "threshold": 0.75, "factor": 1.5, "editing_threshold": 0.5, "max_post_steps": 4, "factor_rule": "paper", "schedule": "dream", "eps": 0.0625,
+           "threshold": 0.75, "factor": 1.5, "editing_threshold": 0.5, "max_post_steps": 4,
+           "factor_rule": "paper", "schedule": "dream", "eps": 0.0625,
            "kv_cache": "dual", "top_k": 5, "top_p": 0.5, "stop": ("x",), "stop_token_ids": (3,), "ignore_eos": True,
            "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.25, "logprobs": 2, "provisional": True,
            "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False}
