@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from celeris.v1 import generation_pb2 as pb
-from engine.config import EngineConfig
-from engine.llm import LLM
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
 from tests.integration.conftest import collect, running_server
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
                                                      write_llada21_checkpoint)
@@ -62,8 +62,8 @@ async def test_concurrent_editing_requests_equal_the_published_loop_and_show_rev
 
 
 async def test_delta_stream_with_revisions_rebuilds_the_full_stream(llada21):
-    from clients.canvas import Canvas
-    from clients.types import Snapshot
+    from celeris_client.canvas import Canvas
+    from celeris_client.types import Snapshot
 
     _, llm = llada21
     async with running_server(llm) as (_, stub, _):

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from engine.config import ModelConfig
-from engine.errors import InvalidRequest
-from engine.params import SamplingParams
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
                                                      write_llada21_checkpoint)
 from tests.unit.block_references.generate import llada21_generate
