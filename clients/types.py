@@ -34,7 +34,7 @@ SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
                 "eps", "top_k", "top_p", "min_p", "ignore_eos", "min_tokens", "logprobs", "n", "frequency_penalty",
                 "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
-                "confidence_threshold")
+                "confidence_threshold", "editing_threshold", "max_post_steps")
 ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
 KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 

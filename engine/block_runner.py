@@ -24,13 +24,13 @@ from typing import Optional, Sequence as Seq
 import torch
 
 from celeris.engine.attention import RowSpan
-from celeris.engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
+from celeris.engine.block_sequence import DENOISE, PREFILL, BlockSequence
 from celeris.engine.cache import BlockKVStore
 from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
 from celeris.engine.model import KVCache, MaskPredictor
 from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
-from celeris.engine.sampler import published_order, select_tokens
+from celeris.engine.sampler import published_order, select_tokens, with_edits
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.structured.constraint import window_masks
 
@@ -110,7 +110,7 @@ class BlockRunner:
         prefill = all(s.phase == PREFILL for s in rows)
         logits, kvs = self.model(ids, positions=start[:, None] + j[None, :], cache=KVCache(keys, values, None, cols),
                                  spans=spans, return_kv=True, head=not prefill)
-        self._store([r for r, s in enumerate(rows) if s.phase in (PREFILL, STORE)], rows, windows, kvs)
+        self._store([r for r, s in enumerate(rows) if s.stores_block], rows, windows, kvs)
         if prefill:
             return [EMPTY] * B
         return self._select(rows, logits, ids, real, slots, start)
@@ -142,8 +142,8 @@ class BlockRunner:
         dev = self.device
         denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
         candidate = real & (ids == self.mask_id) & denoise[:, None]
-        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids) for s in rows], B,
-                                    self.model.cfg.vocab_size, dev)
+        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids, edits=s.editing)
+                                     for s in rows], B, self.model.cfg.vocab_size, dev)
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
@@ -156,6 +156,9 @@ class BlockRunner:
         sel = select_tokens(logits, batch, window, self.family.rule)
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
             sel = published_order(sel, candidate, batch, self.family.rule, [(s.params.block_length, 0) for s in rows])
+        if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
+            editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])
+            sel = with_edits(sel, ids, editable, batch.editing)
         new = torch.where(sel.commit, sel.x0, ids)
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]

@@ -11,6 +11,13 @@ output is the first G. Each request moves through phases, one forward each:
   is left) -> store (the finished block's keys/values written to the cache) -> denoise ...
 
 A block that finishes the request (a stop token, or the last block) is not stored.
+
+LLaDA2.1 (token editing, `edits`): each denoise step also replaces written tokens of the block
+(never the prompt's tail) where the model's pick differs with probability > editing_threshold;
+once the block has no mask left it runs up to max_post_steps more steps while edits go on, and
+ends at the first step that edits nothing. Such a post step writes the block's keys/values, so a
+block that ends on an edit-free step needs no store step. Every step commits at least
+num_to_transfer masks: its published name for the block split over its steps, rounded up.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
 @dataclass
 class BlockSequence(Sequence):
     prefill_chunk: int = 256  # most prompt tokens one prefill step takes (rounded to whole blocks)
+    edits: bool = False  # the family's LLaDA2.1 loop (see the module doc)
 
     def __post_init__(self) -> None:
         b, P = self.params.block_length, len(self.prompt)
@@ -37,6 +45,7 @@ class BlockSequence(Sequence):
         self.first_block = P // b
         self.block = self.first_block  # absolute index of the block being decoded
         self.prefilled = 0
+        self.post_steps = 0  # LLaDA2.1: steps run on the current block since its last mask was filled
         self.phase = PREFILL if self.first_block else DENOISE
         self._schedule = transfer_schedule(b, self.params.steps_per_block)
 
@@ -45,6 +54,28 @@ class BlockSequence(Sequence):
     @property
     def length(self) -> int:
         return self.total
+
+    @property
+    def editing(self) -> bool:
+        """Whether written tokens may be replaced (LLaDA2.1 with an editing threshold; a structured
+        output's tokens are never edited)."""
+        return self.edits and self.params.editing_threshold is not None and self.constraint is None
+
+    @property
+    def revising(self) -> bool:
+        return self.editing
+
+    @property
+    def stores_block(self) -> bool:
+        """This step's forward writes its window's keys/values: prefill and store steps, and an
+        editing block's post steps (no mask left: if nothing is edited they are the final ones)."""
+        if self.phase != DENOISE:
+            return True
+        return self.editing and self.mask_id not in self._block_canvas()
+
+    def _block_canvas(self) -> list[int]:
+        start, end = self.window
+        return self.canvas[max(start - len(self.prompt), 0):end - len(self.prompt)]
 
     @property
     def decode_blocks(self) -> int:
@@ -70,6 +101,8 @@ class BlockSequence(Sequence):
         remainder first); at most the masks left, which the sampler enforces."""
         if self.constraint is not None:  # every slot's front may commit
             return self.params.block_length
+        if self.edits:  # LLaDA2.1's num_to_transfer: the same count every step
+            return self._schedule[0]
         return self._schedule[min(self.step_in_block, len(self._schedule) - 1)]
 
     @property
@@ -79,6 +112,8 @@ class BlockSequence(Sequence):
         b = self.params.block_length
         prefill = -(-self.first_block * b // self._chunk)
         per_block = b if self.params.adaptive else self.params.steps_per_block
+        if self.edits:
+            per_block = -(-b // self._schedule[0]) + (self.params.max_post_steps if self.editing else 0)
         return prefill + self.decode_blocks * per_block + self.decode_blocks - 1
 
     @property
@@ -104,42 +139,67 @@ class BlockSequence(Sequence):
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
               logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
-        relative to the block's first column)."""
+        relative to the block's first column): masks filled and, for LLaDA2.1, tokens edited."""
         start, end = self.window
         P, G = len(self.prompt), self.params.gen_length
-        committed, block_done = [], False
+        committed, revised, block_done = [], [], False
         self.nfe += 1
         if self.phase == PREFILL:
             self.prefilled = end
             if self.prefilled >= self.first_block * self.params.block_length:
                 self.phase = DENOISE
         elif self.phase == STORE:
-            self.phase, self.block, self.step_in_block = DENOISE, self.block + 1, 0
+            self._next_block()
         else:
+            masks_before, stored = self.mask_id in self._block_canvas(), self.stores_block
             for pos, tok in zip(positions, tokens):
-                self.canvas[start + pos - P] = tok
-                committed.append(start + pos - P)
+                i = start + pos - P
+                if self.canvas[i] != self.mask_id:
+                    revised.append(i)
+                self.canvas[i] = tok
+                committed.append(i)
                 if self.constraint is not None:
-                    self.constraint.commit(start + pos - P, tok)
+                    self.constraint.commit(i, tok)
             self.token_logprobs.update(zip(committed, logprobs))
             self.step_in_block += 1
-            if self.mask_id not in self.canvas[max(start - P, 0):end - P]:
+            if self._block_ends(masks_before, bool(revised)):
                 block_done = True
-                self._finish_block(end - P)
+                self._finish_block(end - P, stored and not revised)
         keep = [i for i, c in enumerate(committed) if c < G]
-        block = min(self.block, self.total // self.params.block_length - 1) - self.first_block
+        block = min(self.block - (1 if block_done and self.phase == DENOISE and not self.finished else 0),
+                    self.total // self.params.block_length - 1) - self.first_block
         guesses = tuple((start + i - P, t, c) for i, t, c in provisional if start + i - P < G)
         return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done,
-                          guesses)
+                          guesses, tuple(i for i in sorted(revised) if i < G))
 
-    def _finish_block(self, end: int) -> None:
+    def _block_ends(self, masks_before: bool, edited: bool) -> bool:
+        """After a denoise step: is the block finished? Without editing, once no mask is left. With
+        it, as LLaDA2.1's loop decides: a step that starts with no mask left is a post step; the
+        block ends after one that edits nothing, or when the next step would be a post step past
+        max_post_steps (an edit may write the mask token back: that position is filled first)."""
+        filled = self.mask_id not in self._block_canvas()
+        if not self.editing:
+            return filled
+        if not masks_before:
+            self.post_steps += 1
+            if not edited:
+                return True
+        return filled and self.post_steps >= self.params.max_post_steps
+
+    def _next_block(self) -> None:
+        self.phase, self.block, self.step_in_block, self.post_steps = DENOISE, self.block + 1, 0, 0
+
+    def _finish_block(self, end: int, stored: bool = False) -> None:
         """After the block ending at canvas index `end`: stop (the published rule: a stop id
-        anywhere in what is generated), end at the last block, or store it and go on."""
+        anywhere in what is generated), end at the last block, or store it (unless this step's
+        forward already stored its final keys/values) and go on."""
         G = self.params.gen_length
         if self.stops_within(min(end, G)):  # the stop is looked for in the output (the first G) only
             return
         if end >= G:  # the last block: it holds the output's end
             self.finish_reason = FinishReason.LENGTH
+        elif stored:
+            self._next_block()
         else:
             self.phase = STORE
 

@@ -9,7 +9,7 @@ load through the same model code.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -54,6 +54,7 @@ class ModelConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    token_editing: bool = False  # LLaDA2.1: its generate() may replace tokens already written (see from_dir)
 
     def __post_init__(self) -> None:
         if not self.explicit_head_dim and self.d_model % self.n_heads:
@@ -176,7 +177,23 @@ class ModelConfig:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-        return cls.from_json(raw, name=Path(folder).resolve().name)
+        cfg = cls.from_json(raw, name=Path(folder).resolve().name)
+        return replace(cfg, token_editing=True) if cfg.arch == "llada2" and edits_tokens(folder) else cfg
+
+
+def edits_tokens(folder: Path) -> bool:
+    """Whether a LLaDA2.x folder is LLaDA2.1 (token editing). Its config.json is LLaDA2.0's
+    (same architecture and keys); what differs is the `generate()` its remote-code modeling file
+    ships, whose signature takes `editing_threshold`, and the editing knobs a generation_config.json
+    may recommend. Either marks the folder; neither keeps LLaDA2.0's loop."""
+    folder = Path(folder)
+    gen = folder / "generation_config.json"
+    try:
+        if gen.is_file() and {"editing_threshold", "max_post_steps"} & set(json.loads(gen.read_text())):
+            return True
+    except (json.JSONDecodeError, TypeError):
+        pass  # model_defaults reports a broken generation_config.json
+    return any("editing_threshold" in f.read_text(errors="replace") for f in folder.glob("modeling_*.py"))
 
 
 # Config keys that change the forward, with the values this model computes correctly. A

@@ -23,7 +23,12 @@ FULL, BLOCK, REVISE = "full", "block", "revise"
 REVISE_KNOBS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
                 "confidence_threshold")
 _NOT_REVISING = ("temperature", "remasking", "threshold", "factor", "factor_rule", "schedule", "eps", "top_k",
-                 "top_p", "min_p", "min_tokens", "frequency_penalty", "presence_penalty", "logprobs", "cfg_scale", "stop")
+                 "top_p", "min_p", "min_tokens", "frequency_penalty", "presence_penalty", "logprobs", "cfg_scale", "stop",
+                 "editing_threshold", "max_post_steps")
+# Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
+# default is 50 unless generation_config.json sets it: confidences are then ranked over the 50
+# most likely tokens' renormalised probabilities.
+DREAM_TOP_K = 50
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Family:
     kind: str
     rule: Optional[SelectionRule]
     block_length: int = 0  # the trained block size of a block family
+    edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
 
     @property
     def block(self) -> bool:
@@ -56,7 +62,13 @@ class Family:
         base = SamplingParams()
         if self.revising:  # one canvas; steps and blocks mean nothing to it (its knobs are REVISE_KNOBS)
             return replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
-        return replace(base, block_length=self.block_length, steps=base.gen_length) if self.block else base
+        if self.arch == "dream":  # transformers' GenerationConfig default, which Dream's loop inherits
+            return replace(base, top_k=DREAM_TOP_K)
+        if not self.block:
+            return base
+        base = replace(base, block_length=self.block_length, steps=base.gen_length)
+        # LLaDA2.1's published generate(): threshold 0.95, editing_threshold 0.9, max_post_steps 16.
+        return replace(base, threshold=0.95, editing_threshold=0.9, max_post_steps=16) if self.edits else base
 
     def violations(self, p: SamplingParams) -> list[FieldViolation]:
         """Options this family's decoding does not have, by field."""
@@ -65,6 +77,9 @@ class Family:
         base = SamplingParams()
         bad = [FieldViolation(name, "only revising models (DiffusionGemma) have it")
                for name in REVISE_KNOBS if getattr(p, name) != getattr(base, name)]
+        if p.editing_threshold is not None and not self.edits:
+            bad.append(FieldViolation("editing_threshold", "this model never replaces a token it wrote; token editing "
+                                                           "is LLaDA2.1's"))
         if not self.block:
             return bad
         if p.kv_cache not in (None, "none"):
@@ -98,8 +113,9 @@ def family_of(cfg) -> Family:
     if cfg.family == BLOCK:
         # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
         rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)
-        return Family(cfg.arch, BLOCK, rule, cfg.block_length)
-    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype
-        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True))
+        return Family(cfg.arch, BLOCK, rule, cfg.block_length, edits=cfg.token_editing)
+    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype, after top-k
+        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True,
+                                                    conf_after_filter=True))
     # LLaDA's first published generate() and Fast-dLLM: float64 confidences over the raw logits.
     return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, torch.float64))

@@ -34,6 +34,7 @@ MAX_STOP_IDS = 64
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 MAX_LOGPROBS = 20
 MAX_DENOISING_STEPS = 1024  # per canvas, revising models
+MAX_POST_STEPS = 256
 MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty / presence_penalty: [-2, 2]
 
 
@@ -58,6 +59,11 @@ class SamplingParams:
     remasking: str = knob("low_confidence", "how a position's confidence is measured")
     threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]")
     factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)")
+    editing_threshold: Optional[float] = knob(
+        None, "token editing (LLaDA2.1 only): a written token of the current block is replaced when the model's "
+              "pick there differs and its probability is > this, in [0, 1]; 1: off (default: LLaDA2.1's 0.9)")
+    max_post_steps: int = knob(16, "token editing: at most this many extra steps per block after its last mask is "
+                                   "filled, while edits go on")
     factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula")
     schedule: str = knob("llada", "tokens per step of the fixed schedule: llada (even split per block) or dream "
                                   "(Dream's timesteps linspace(1, eps, steps + 1))")
@@ -152,6 +158,11 @@ class SamplingParams:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {clip(self.kv_cache)}")
         if self.threshold is not None and (not _finite(self.threshold) or not 0 < self.threshold <= 1):
             bad("threshold", f"must be in (0, 1], got {clip(self.threshold)}")
+        if self.editing_threshold is not None and (not _finite(self.editing_threshold)
+                                                   or not 0 <= self.editing_threshold <= 1):
+            bad("editing_threshold", f"must be in [0, 1], got {clip(self.editing_threshold)}")
+        if not _integer(self.max_post_steps) or not 0 <= self.max_post_steps <= MAX_POST_STEPS:
+            bad("max_post_steps", f"must be an integer in [0, {MAX_POST_STEPS}], got {clip(self.max_post_steps)}")
         if self.factor is not None and (not _finite(self.factor) or self.factor <= 0):
             bad("factor", f"must be a finite number > 0, got {clip(self.factor)}")
         if self.threshold is not None and self.factor is not None:

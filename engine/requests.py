@@ -276,7 +276,7 @@ class Requests:
             return RevisingSequence(rid, prompt_ids, params, **stops)
         if self.family.block:
             return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk,
-                                 constraint=constraint, **stops)
+                                 constraint=constraint, edits=self.family.edits, **stops)
         if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
             params = replace(params, kv_cache=self.config.kv_cache)
         return Sequence(rid, prompt_ids, params, constraint=constraint, **stops)

@@ -145,7 +145,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     logits (B, W, V) of the window's positions. Penalties (`penalize`) shift the logits that pick
     the token and rank it; top-k / top-p (`filter_logits`) narrow only which token is drawn, its
     confidence is read from the whole distribution (as SDAR's evaluation sampler does), so
-    top_k=1 does not make every confidence 1.0. `min_tokens` bans a row's stop ids at positions
+    top_k=1 does not make every confidence 1.0; a rule with `conf_after_filter` (Dream's
+    sample_tokens) reads it from the filtered one. `min_tokens` bans a row's stop ids at positions
     before it. The mask id is never a candidate token (a random or undertrained model may rank it
     first; published loops would commit it and keep the position masked, or loop forever under a
     threshold). Fixed shapes, no host synchronisation: this can run after a CUDA graph replay.
@@ -164,21 +165,42 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
     else:
         scores = pick.clone()  # (no host tensor here: this may run on a graph's output)
-    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
     if batch.min_tokens is not None:
         vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, batch.stop_ids, True)[:, :V]
         early = window.canvas_pos < batch.min_tokens[:, None]  # (B, W)
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
+    # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
+    free = scores.argmax(-1) if batch.editing is not None else None
+    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
     x0 = scores.argmax(-1)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
-    conf = confidences(logits, x0, batch.remask, u_random, rule.conf_dtype or logits.dtype, batch.measures)
+    conf = confidences(pick if rule.conf_after_filter else logits, x0, batch.remask, u_random,
+                       rule.conf_dtype or logits.dtype, batch.measures)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.
     conf = torch.where(conf.isnan(), torch.full_like(conf, torch.finfo(conf.dtype).min), conf)
+    edit_conf = None
+    if free is not None:  # the free pick's confidence: a second softmax only where it is the mask token
+        dtype = rule.conf_dtype or logits.dtype
+        p_free = torch.gather(F.softmax(logits.to(dtype), dim=-1), -1, free[..., None]).squeeze(-1)
+        edit_conf = torch.where(free == x0, conf, p_free)
     conf = torch.where(window.candidate, conf, torch.full_like(conf, NEG_INF))
     commit, n_commit = _commit(conf, window.candidate, batch, rule.block_threshold)
-    return Selection(x0, commit, conf, n_commit)
+    return Selection(x0, commit, conf, n_commit, free, edit_conf)
+
+
+def with_edits(sel: Selection, tokens: torch.Tensor, editable: torch.Tensor, editing: torch.Tensor) -> Selection:
+    """LLaDA2.1's token editing on top of a step's selection, from the same forward: every
+    editable position (written earlier, not the prompt; (B, W)) whose pick differs from its token
+    and whose confidence is strictly above the row's editing threshold (B,) (compared in the
+    confidences' dtype, as the published code compares its tensor with a Python float) takes the
+    pick. The pick is the model's own (`Selection.edit_x0`): as published, an edit may write the
+    mask token back, and the position is filled again like any mask."""
+    thr = editing.to(sel.edit_conf.dtype)[:, None]
+    edit = editable & (sel.edit_conf > thr) & (sel.edit_x0 != tokens)
+    return replace(sel, x0=torch.where(edit, sel.edit_x0, sel.x0), commit=sel.commit | edit,
+                   conf=torch.where(edit, sel.edit_conf, sel.conf))
 
 
 def constrain(logits: torch.Tensor, flat: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

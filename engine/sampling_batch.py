@@ -28,9 +28,10 @@ FACTOR_RULE_CODE = {name: i for i, name in enumerate(FACTOR_RULES)}
 
 # Columns of the packed knob tensors: one int64 and one float64 host->device copy a step.
 INT_COLUMNS = ("k", "remask", "factor_rule", "seed", "step", "top_k", "min_tokens")
-FLOAT_COLUMNS = ("temperature", "threshold", "factor", "top_p", "frequency", "presence", "min_p")
+FLOAT_COLUMNS = ("temperature", "threshold", "factor", "top_p", "frequency", "presence", "min_p", "editing")
+_NO_EDITS = 2.0  # an editing threshold no probability exceeds
 _NEUTRAL_INTS = (0, 0, 0, 0, 0, 0, 0)
-_NEUTRAL_FLOATS = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+_NEUTRAL_FLOATS = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, _NO_EDITS)
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,15 @@ class SelectionRule:
     """A family's published sampler: the confidence dtype (None: the logits' own, as Dream),
     x0 as the argmax of the softmax rather than of the logits (Dream, SDAR, LLaDA2), and the
     block families' dynamic threshold (every candidate strictly above it if that is at least
-    the schedule's k, else the top k). mask_id is never a candidate token."""
+    the schedule's k, else the top k), and confidences read from the top-k/top-p filtered
+    distribution (Dream's sample_tokens) rather than the whole one. mask_id is never a candidate
+    token."""
 
     mask_id: int
     conf_dtype: Optional[torch.dtype] = torch.float64
     x0_from_probs: bool = False
     block_threshold: bool = False
+    conf_after_filter: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class RowKnobs:
     step: int
     stop_ids: frozenset[int]
     first_only: bool = False
+    edits: bool = False  # LLaDA2.1 token editing applies to this row (params.editing_threshold)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class SamplingBatch:
     min_tokens: Optional[torch.Tensor]  # (B,) no stop id drawn before; None when no row bans
     frequency: Optional[torch.Tensor]  # (B,) OpenAI penalties; None when no row has one
     presence: Optional[torch.Tensor]
+    editing: Optional[torch.Tensor]  # (B,) LLaDA2.1 editing thresholds (2.0: no edits); None when no row edits
     # Host-side facts, known without a device sync: they skip work, never change results.
     rows: int  # real rows (the rest pad the bucket)
     sampling: bool  # any temperature > 0
@@ -98,7 +104,7 @@ class SamplingBatch:
                  p.seed or 0, r.step, p.top_k, p.min_tokens) for r, p in zip(rows, ps)]
         floats = [(p.temperature, 0.0 if r.first_only else p.threshold or 0.0,
                    0.0 if r.first_only else p.factor or 0.0, p.top_p, p.frequency_penalty, p.presence_penalty,
-                   p.min_p)
+                   p.min_p, p.editing_threshold if r.edits and p.editing_threshold is not None else _NO_EDITS)
                   for r, p in zip(rows, ps)]
         pad = B - len(rows)
         i = torch.tensor(ints + [_NEUTRAL_INTS] * pad, dtype=torch.long).T.contiguous().to(device)
@@ -107,6 +113,7 @@ class SamplingBatch:
         filtered = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in ps)
         banning = any(p.min_tokens > 0 for p in ps)
         penalized = any(p.frequency_penalty or p.presence_penalty for p in ps)
+        editing = any(row[-1] != _NO_EDITS for row in floats)
         stop_ids = _stop_table(rows, B, vocab, device) if banning or penalized else None
         return cls(col["k"], col["remask"], col["factor_rule"], col["seed"], col["step"], col["temperature"],
                    col["threshold"], col["factor"],
@@ -114,6 +121,7 @@ class SamplingBatch:
                    col["min_p"] if filtered else None,
                    stop_ids, col["min_tokens"] if banning else None,
                    col["frequency"] if penalized else None, col["presence"] if penalized else None,
+                   col["editing"] if editing else None,
                    rows=len(rows), sampling=any(p.temperature > 0 for p in ps),
                    any_random=any(p.remasking == "random" for p in ps),
                    measures=frozenset(p.remasking for p in ps),
@@ -155,9 +163,13 @@ class Allowed:
 @dataclass(frozen=True)
 class Selection:
     """One step's pick over the window: x0 (B, W) candidate tokens, commit (B, W), the
-    confidences ranked (B, W) and how many tokens each row commits (B,)."""
+    confidences ranked (B, W) (-inf but at candidates) and how many tokens each row commits (B,).
+    When a row edits (LLaDA2.1): edit_x0 (B, W), the pick with the mask token allowed, and
+    edit_conf (B, W), its confidence at every position."""
 
     x0: torch.Tensor
     commit: torch.Tensor
     conf: torch.Tensor
     n_commit: torch.Tensor
+    edit_x0: Optional[torch.Tensor] = None
+    edit_conf: Optional[torch.Tensor] = None

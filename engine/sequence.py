@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from celeris.engine.params import SamplingParams
 from celeris.engine.sampler import dream_transfer_count, transfer_schedule
@@ -80,8 +80,11 @@ class StepEvent:
     # block the sampler ranked this step and left masked, its pick there (ascending positions).
     provisional: tuple = ()
     # The stream contract: a position is final (will never change) or provisional (may). A mask
-    # model's committed positions are final (masked ones are not); a revising model's (DiffusionGemma)
-    # are final only below `settled` (its committed canvases), the rest shows its current guess.
+    # model's committed positions are final (masked ones are not); a revising model's (DiffusionGemma,
+    # LLaDA2.1 editing) are final only below `settled`, the rest shows its current guess.
+    # Token editing (LLaDA2.1): `revised` are the positions of `committed` that replaced a token
+    # written at an earlier step (not a mask), ascending.
+    revised: tuple[int, ...] = ()
     revising: bool = False
     # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
     # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
@@ -116,7 +119,6 @@ class Sequence:
     # each step only the slots' fronts may commit, under their token masks.
     constraint: Any = field(default=None, repr=False)
     skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
-    revising: ClassVar[bool] = False  # shown tokens may change before they are final (revise_request.py)
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -155,6 +157,11 @@ class Sequence:
         return self.params.gen_length if self.params.adaptive else self.params.steps
 
     @property
+    def revising(self) -> bool:
+        """Whether a committed token may still be replaced before it is settled (token editing)."""
+        return False
+
+    @property
     def forward_passes(self) -> int:
         """Model calls spent on this request: one per step, two with classifier-free guidance."""
         return self.nfe * (2 if self.params.cfg_scale > 0 else 1)
@@ -191,7 +198,8 @@ class Sequence:
         return tuple(self.canvas), p.num_blocks, settled
 
     def event(self, committed: tuple[int, ...] = (), confidences: tuple[float, ...] = (),
-              block: Optional[int] = None, block_complete: bool = False, provisional: tuple = ()) -> StepEvent:
+              block: Optional[int] = None, block_complete: bool = False, provisional: tuple = (),
+              revised: tuple[int, ...] = ()) -> StepEvent:
         """The step event of the current state (computed once per request per step)."""
         p = self.params
         block = self.block if block is None else block
@@ -210,7 +218,8 @@ class Sequence:
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
-            stop_text=self.stop_text, provisional=() if self.finished else provisional, revising=self.revising)
+            stop_text=self.stop_text, provisional=() if self.finished else provisional, revised=revised,
+            revising=self.revising)
 
     def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
         """`committed` with the structure's fixed positions (confidence 1), by position."""

@@ -139,6 +139,13 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
     raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in {folder}")
 
 
+def router_bias(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The MoE router's expert_bias as the published LLaDA2 model holds it: a buffer, so
+    `model.to(dtype)` rounds it to the model dtype (bf16 on the published checkpoints), and the
+    router adds it to its float32 scores. Kept in a float32 tensor holding those rounded values."""
+    return t.to(dtype).to(torch.float32)
+
+
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> MaskPredictor:
     folder = Path(folder)
     if not folder.is_dir():
@@ -164,9 +171,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
                     if tuple(t.shape) != tuple(expected[name]):
                         raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name} has shape {tuple(t.shape)}, "
                                              f"expected {tuple(expected[name])}")
-                    # expert_bias is a buffer that steers routing: keep it in float32 like the router.
-                    dt = torch.float32 if name.endswith("expert_bias") else torch_dtype
-                    state[name] = t.to(device=device, dtype=dt)
+                    state[name] = (router_bias(t, torch_dtype) if name.endswith("expert_bias")
+                                   else t.to(torch_dtype)).to(device=device)
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}"

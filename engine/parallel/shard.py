@@ -29,7 +29,7 @@ from celeris.engine.errors import ModelLoadError
 from celeris.engine.model import MaskPredictor
 from celeris.engine.moe import MoE, SwiGLU
 from celeris.engine.parallel.group import Group, Plan, check_sizes
-from celeris.engine.weights import _tensor_files, canonical_name, resolve_dtype, skip_meta_init
+from celeris.engine.weights import _tensor_files, canonical_name, resolve_dtype, router_bias, skip_meta_init
 
 COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")
@@ -160,9 +160,11 @@ def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.
                     if tuple(t.shape) != tuple(expected[local]):
                         raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name}: shard shape {tuple(t.shape)}, "
                                              f"expected {tuple(expected[local])}")
-                    dt = torch.float32 if local.endswith("expert_bias") else torch_dtype
+                    if local.endswith("expert_bias"):
+                        t = router_bias(t, torch_dtype)
                     # A copy: a view would keep the whole file mapped (and its touched pages resident).
-                    state[local] = t.to(device=device, dtype=dt, copy=True)
+                    state[local] = t.to(device=device, dtype=torch.float32 if local.endswith("expert_bias")
+                                        else torch_dtype, copy=True)
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}")

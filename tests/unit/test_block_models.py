@@ -16,8 +16,8 @@ from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.engine.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
-                                                     write_sdar_checkpoint)
-from tests.unit.block_references.generate import llada2_generate, sdar_generate
+                                                     write_llada21_checkpoint, write_sdar_checkpoint)
+from tests.unit.block_references.generate import llada2_generate, llada21_generate, sdar_generate
 from tests.unit.block_references.modeling import load_block_model
 
 # Lengths below, at and above a block, not multiples of it: prefill of 0, 1 and several blocks,
@@ -153,25 +153,31 @@ def test_moe_router_picks_top_k_within_the_best_groups(llada2_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sdar", "llada2"])
+@pytest.mark.parametrize("kind", ["sdar", "llada2", "llada21"])
 def test_celeris_run_json_equals_the_published_loop(tmp_path, kind):
     import json
     import subprocess
     import sys
 
-    folder = (write_sdar_checkpoint if kind == "sdar" else write_llada2_checkpoint)(tmp_path, seed=1)
+    writer = {"sdar": write_sdar_checkpoint, "llada2": write_llada2_checkpoint, "llada21": write_llada21_checkpoint}
+    folder = writer[kind](tmp_path, seed=1)
     prompt = "It is a truth universally acknowledged"
+    editing = ["--editing-threshold", "0.0", "--max-post-steps", "3"] if kind == "llada21" else []
     out = subprocess.run([sys.executable, "-m", "celeris.server.cli", "run", "--model", str(folder), "--prompt", prompt,
                           "--gen-length", "16", "--block-length", "4", "--steps", "16", "--threshold", "0.3",
-                          "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, check=True)
+                          "--temperature", "0", "--json", *editing], capture_output=True, text=True, timeout=300,
+                         check=True)
     got = json.loads(out.stdout)
     ids = engine(folder).encode_prompt(prompt)
     model = load_block_model(folder)
     if kind == "sdar":
         ref = sdar_generate(model, ids, 16, 4, 4, remasking="low_confidence_dynamic", threshold=0.3,
                             mask_id=MASK_ID, stop_ids=[EOS_ID]).ids
-    else:
+    elif kind == "llada2":
         ref = llada2_generate(model, ids, 16, 4, 4, threshold=0.3, mask_id=MASK_ID, eos_id=EOS_ID).ids
+    else:
+        ref = llada21_generate(model, ids, 16, 4, threshold=0.3, editing_threshold=0.0, max_post_steps=3,
+                               mask_id=MASK_ID, eos_id=EOS_ID).ids
     assert MASK_ID not in ref[:16]  # the comparison's precondition (see test_block_serving)
     assert got["token_ids"] == cut(ref, 16) and got["kv_cache"] == "exact"
 

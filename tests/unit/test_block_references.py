@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
                                                      write_sdar_checkpoint)
-from tests.unit.block_references.generate import llada2_generate, sdar_generate, transfer_schedule
+from tests.unit.block_references.generate import llada21_generate, llada2_generate, sdar_generate, transfer_schedule
 from tests.unit.block_references.modeling import (LLaDA2Model, SDARModel, block_causal_mask, load_block_model,
                                                   swiglu)
 
@@ -226,3 +226,24 @@ def test_tied_sdar_head_uses_the_embedding(tmp_path):
     m = SDARModel(write_sdar_checkpoint(tmp_path / "tied", seed=2, tie_word_embeddings=True, num_hidden_layers=2))
     assert m.head_weight() is m.w["model.embed_tokens.weight"]
     assert m.forward_full(_ids(8), 4).shape == (1, 8, 1024)
+
+
+@pytest.mark.parametrize("prompt_len", [8, 6])
+def test_llada21_without_editing_is_llada20_one_token_a_step(llada2, prompt_len):
+    """With editing off (a threshold no probability exceeds) and one mask a step, LLaDA2.1's loop
+    commits what LLaDA2.0's does with one step per position; it only spends one more forward per
+    block (the post step that finds nothing to edit)."""
+    prompt = _ids(prompt_len, seed=11)[0].tolist()
+    old = llada2_generate(llada2, prompt, 12, 4, 4, threshold=0.3, mask_id=MASK_ID, eos_id=None, use_cache=False)
+    new = llada21_generate(llada2, prompt, 12, 4, threshold=0.3, editing_threshold=1.0, max_post_steps=16,
+                           mask_id=MASK_ID, eos_id=None)
+    assert new.ids == old.ids and new.edits == 0
+    assert new.forwards == old.denoise_forwards + new.blocks == old.denoise_forwards + new.post_forwards
+
+
+def test_llada21_post_steps_are_bounded(llada2):
+    prompt = _ids(6, seed=12)[0].tolist()  # the first decoded block holds two prompt tokens
+    for post in (0, 2):
+        r = llada21_generate(llada2, prompt, 8, 4, threshold=0.5, editing_threshold=0.0, max_post_steps=post,
+                             mask_id=MASK_ID, eos_id=None)
+        assert r.post_forwards <= post * r.blocks and MASK_ID not in r.ids

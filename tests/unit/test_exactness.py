@@ -194,6 +194,33 @@ def test_dream_diffusion_generate(dream_dirs, dtype, alg, steps, gen_length):
     assert_rows_equal(ours, refs)
 
 
+@pytest.mark.parametrize("alg", list(DREAM_ALGS))
+def test_dream_ranks_confidences_after_its_default_top_k(dream_dirs, dtype, alg):
+    """Dream's diffusion_generate, called as published (top_k unset: transformers' 50), ranks the
+    renormalised top-50 probabilities; a Dream folder's defaults do the same (top_k=50, and the
+    family's rule reads confidences after the filter)."""
+    llm = engine(dream_dirs[dtype], dtype)
+    assert llm.defaults.top_k == 50
+    ours = run_engine(llm, PROMPTS, gen_length=16, steps=8, block_length=16, schedule="dream",
+                      remasking=DREAM_ALGS[alg], top_k=50)
+    model = DreamReference(dream_dirs[dtype], DTYPES[dtype])
+    refs = [(dream_generate(model, torch.tensor([p]), steps=8, gen_length=16, mask_id=TINY_MASK, alg=alg,
+                            top_k=50), 8, len(p)) for p in PROMPTS]
+    assert_rows_equal(ours, refs)
+
+
+def test_top_50_changes_dream_confidences_but_not_its_picks():
+    """What the filter does: x0 is the same token, its confidence the renormalised top-50 one."""
+    from tests.unit.references.dream_generate import sample_tokens
+    logits = torch.randn(6, 1024, generator=torch.Generator().manual_seed(0))
+    full, x0 = sample_tokens(logits)
+    top, x0_top = sample_tokens(logits, top_k=50)
+    assert torch.equal(x0, x0_top) and (top > full).all()
+    ent_full, _ = sample_tokens(logits, neg_entropy=True)
+    ent_top, _ = sample_tokens(logits, neg_entropy=True, top_k=50)
+    assert (ent_top > ent_full).all()  # less spread: a higher negative entropy
+
+
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 @pytest.mark.parametrize("threshold", [None, 0.2])
 def test_fast_dllm_dream_block_cache(dream_dirs, dtype, cache, threshold):
@@ -242,7 +269,7 @@ RUN_CASES = {  # name: (family, dtype, CLI flags, reference)
     "dream-entropy-bf16": ("dream", "bfloat16", ["--steps", "8", "--block-length", "16", "--schedule", "dream",
                                                  "--remasking", "entropy"],
                            lambda m, ids: dream_generate(m, ids, steps=8, gen_length=16, mask_id=TINY_MASK,
-                                                         alg="entropy")),
+                                                         alg="entropy", top_k=50)),  # Dream's default top_k
 }
 
 

@@ -26,11 +26,12 @@ from celeris.server.openai_api import parse_request
 ROOT = Path(__file__).resolve().parents[2]
 # One non-default value per knob, exactly representable in float32 (the proto's floats).
 SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5, "remasking": "margin",
-           "threshold": 0.75, "factor": 1.5, "factor_rule": "paper", "schedule": "dream", "eps": 0.0625,
+           "threshold": 0.75, "factor": 1.5, "editing_threshold": 0.5, "max_post_steps": 4,
+           "factor_rule": "paper", "schedule": "dream", "eps": 0.0625,
            "kv_cache": "dual", "top_k": 5, "top_p": 0.5, "min_p": 0.25, "stop": ("x",), "stop_token_ids": (3,),
-           "ignore_eos": True, "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.25, "logprobs": 2, "provisional": True,
-           "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False, "max_denoising_steps": 8, "entropy_bound": 0.25,
-           "t_min": 0.25, "t_max": 0.5, "stability_threshold": 2, "confidence_threshold": 0.125}
+           "ignore_eos": True, "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.25, "logprobs": 2,
+           "provisional": True, "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False, "max_denoising_steps": 8,
+           "entropy_bound": 0.25, "t_min": 0.25, "t_max": 0.5, "stability_threshold": 2, "confidence_threshold": 0.125}
 # GenerateRequest fields that are not sampling knobs.
 NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n", "structured_output"}
 PROTO_KINDS = {INT: (FD.TYPE_UINT32, FD.TYPE_UINT64), FLOAT: (FD.TYPE_FLOAT,), BOOL: (FD.TYPE_BOOL,),

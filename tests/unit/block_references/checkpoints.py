@@ -254,3 +254,23 @@ def write_llada2_checkpoint(folder: Path, seed: int = 0, dtype: torch.dtype = to
                       "mask_token": "<|mask|>"},
                      {"bos_token_id": BOS_ID, "eos_token_id": cfg["eos_token_id"], "pad_token_id": cfg["pad_token_id"]})
     return Path(folder)
+
+
+# What marks a LLaDA2.1 folder (engine.config.edits_tokens): its config.json is LLaDA2.0's; the
+# remote-code modeling file it ships has a generate() that takes editing_threshold. This stub
+# stands for that file (a signature only: celeris reads, never runs, a folder's Python).
+LLADA21_MODELING_STUB = '''"""Stand-in for LLaDA2.1's modeling_llada2_moe.py (its generate() signature only)."""
+
+
+def generate(self, inputs=None, temperature=0.0, block_length=32, steps=32, gen_length=2048, top_p=None,
+             top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95, editing_threshold=0.9,
+             max_post_steps=16, eos_id=156892, mask_id=156895, num_to_transfer=1):
+    raise NotImplementedError
+'''
+
+
+def write_llada21_checkpoint(folder: Path, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Path:
+    """A LLaDA2.1 folder: a LLaDA2 checkpoint with LLaDA2.1's modeling file beside it."""
+    folder = write_llada2_checkpoint(folder, seed, dtype, **overrides)
+    (folder / "modeling_llada2_moe.py").write_text(LLADA21_MODELING_STUB)
+    return folder

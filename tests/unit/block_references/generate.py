@@ -193,3 +193,79 @@ def llada2_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: in
     if eos_id is not None and eos_id in gen:
         gen = gen[: gen.index(eos_id) + 1]
     return BlockGenResult(gen, model.forwards - start0, denoise, blocks)
+
+
+class EditGenResult(NamedTuple):
+    ids: list[int]  # x[P : P + gen_length] cut after the first eos_id, as published
+    forwards: int  # denoising forwards (the published loop recomputes the window each time)
+    blocks: int
+    filled: int  # masks filled
+    edits: int  # written tokens replaced
+    post_forwards: int  # forwards run on a block with no mask left
+
+
+@torch.no_grad()
+def llada21_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: int, block_length: int = 32,
+                     threshold: float = 0.95, editing_threshold: float = 0.9, max_post_steps: int = 16,
+                     num_to_transfer: int = 1, mask_id: int = 3, eos_id: Optional[int] = 2) -> EditGenResult:
+    """LLaDA2.1's LLaDA2MoeModelLM.generate at temperature 0 (batch 1), written from its published
+    description (inclusionAI/LLaDA2.1-mini `modeling_llada2_moe.py`):
+
+    The canvas and block alignment are LLaDA2.0's. Each block loops with no step limit (the
+    `steps` argument is computed and never used). An iteration starts by noting the block's
+    tokens and its masks; if it has none it is a post step, and the block ends before the forward
+    once more than max_post_steps post steps were counted. One forward of the window x[:end]
+    (block-causal, recomputed) gives x0 = argmax and p = its softmax probability. Masks filled:
+    every mask with p > threshold if at least num_to_transfer of them, else the top
+    min(num_to_transfer, masks) by p. Tokens edited (the same forward): every position of the
+    block that was not a mask at the start of the iteration and is not a prompt token, whose x0
+    differs from its token and whose p > editing_threshold. Both are written; the block ends when
+    the iteration started with no mask and edited nothing. After a block, with no mask left in
+    the generated part and an EOS in it, the loop stops (eos_early_stop; the output is the same
+    without it: a finished block never changes). The output is cut after the first EOS.
+
+    Not run against the published file itself (the Hugging Face repository is not reachable from
+    here): written from public transcriptions and parity notes of it, which agree on every rule
+    above. test_block_references ties it to the LLaDA2.0 loop (checked against the published code)
+    where the two must agree.
+    """
+    P = len(prompt_ids)
+    b = block_length
+    num_blocks = (P + gen_length + b - 1) // b
+    x = torch.full((num_blocks * b,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(list(prompt_ids), dtype=torch.long)
+    forwards = blocks = filled = edits = post = 0
+    for blk in range(P // b, num_blocks):
+        lo, hi = blk * b, (blk + 1) * b
+        in_prompt = torch.arange(lo, hi) < P
+        post_steps = 0
+        while True:
+            before = x[lo:hi].clone()
+            masked = before == mask_id
+            if not masked.any():
+                post_steps += 1
+                if post_steps > max_post_steps:
+                    break
+                post += 1
+            logits, _ = model.forward(x[None, :hi], torch.arange(hi), None, block_causal_mask(0, hi, hi, b))
+            forwards += 1
+            x0, p = greedy(logits[0, -b:])
+            fill = torch.zeros(b, dtype=torch.bool)
+            if masked.any():
+                conf = torch.where(masked, p, torch.tensor(float("-inf")))
+                high = (conf > threshold) & masked
+                fill = high if int(high.sum()) >= num_to_transfer else _topk(conf, min(num_to_transfer,
+                                                                                       int(masked.sum())))
+            edit = ~masked & ~in_prompt & (p > editing_threshold) & (x0 != before)
+            x[lo:hi] = torch.where(fill | edit, x0, before)
+            filled, edits = filled + int(fill.sum()), edits + int(edit.sum())
+            if not masked.any() and not edit.any():
+                break
+        blocks += 1
+        gen = x[P:hi]
+        if eos_id is not None and not (gen == mask_id).any() and bool((gen == eos_id).any()):
+            break
+    out = x[P:P + gen_length].tolist()
+    if eos_id is not None and eos_id in out:
+        out = out[: out.index(eos_id) + 1]
+    return EditGenResult(out, forwards, blocks, filled, edits, post)

@@ -21,10 +21,15 @@ import torch.nn.functional as F
 ALGS = ("maskgit_plus", "topk_margin", "entropy")
 
 
-def sample_tokens(logits: torch.Tensor, margin_confidence: bool = False, neg_entropy: bool = False):
-    """generation_utils.sample_tokens at temperature 0: probs = softmax(logits) in the logits dtype;
+def sample_tokens(logits: torch.Tensor, margin_confidence: bool = False, neg_entropy: bool = False,
+                  top_k: Optional[int] = None):
+    """generation_utils.sample_tokens at temperature 0: with top_k, every logit below the k-th
+    largest becomes -inf first (its ties kept); probs = softmax(logits) in the logits dtype;
     x0 = argmax of probs (probs.max), confidence = its probability; or top1 - top2 (margin); or
     sum(p * log(p + 1e-10)) (negative entropy)."""
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     confidence, x0 = probs.max(dim=-1)
     if margin_confidence:
@@ -55,8 +60,9 @@ def dream_masks(prompt_ids: torch.Tensor, gen_length: int, attention_mask: Optio
 @torch.no_grad()
 def dream_generate(model, prompt_ids: torch.Tensor, *, steps: int, gen_length: int, mask_id: int,
                    alg: str = "entropy", eps: float = 1e-3,
-                   attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Dream `_sample` -> canvas (B, Lp + gen_length). Exactly `steps` forwards."""
+                   attention_mask: Optional[torch.Tensor] = None, top_k: Optional[int] = None) -> torch.Tensor:
+    """Dream `_sample` -> canvas (B, Lp + gen_length). Exactly `steps` forwards. top_k as its
+    generation config carries it: None when set so, 50 (transformers' default) when unset."""
     if alg not in ALGS:
         raise ValueError(f"alg must be one of {ALGS} (origin is random)")
     x = F.pad(prompt_ids, (0, gen_length), value=mask_id)
@@ -68,7 +74,7 @@ def dream_generate(model, prompt_ids: torch.Tensor, *, steps: int, gen_length: i
         mask_logits = logits[mask_index]  # (n_masked_total, V)
         t, s = timesteps[i], timesteps[i + 1]
         confidence, x0 = sample_tokens(mask_logits, margin_confidence=alg == "topk_margin",
-                                       neg_entropy=alg == "entropy")
+                                       neg_entropy=alg == "entropy", top_k=top_k)
         # num_mask_token: the batch MEAN masked count, a float32 tensor; one count for every row.
         num_mask_token = mask_index.sum() / mask_index.shape[0]
         number_transfer_tokens = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
