@@ -91,22 +91,29 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tens
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                  temperature: torch.Tensor) -> torch.Tensor:
+                  temperature: torch.Tensor, nucleus: bool = True, top_k_max: int = 0) -> torch.Tensor:
     """Per-row top-k / top-p (nucleus) / min-p filtering, -inf outside, with Dream's tie and mass rules.
 
     logits (B, W, V); top_k (B,) int, 0 = off: keep logits >= the k-th largest (its ties too);
     top_p (B,) float, 1 = off: keep a token while the probability mass before it is <= top_p;
     min_p (B,) float, 0 = off: keep a token whose probability at the row's temperature is at least
     min_p times the top token's (vLLM's rule), i.e. logit >= top logit + temperature * log(min_p).
+    nucleus / top_k_max (host facts of the batch): without top-p only the top_k_max largest logits
+    are sorted (Dream's default top_k of 50 over a 152k vocabulary), with the same result.
     """
     V = logits.shape[-1]
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+    if nucleus:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    else:
+        sorted_logits = torch.topk(logits, min(max(top_k_max, 1), V), dim=-1).values
+    k = torch.where(top_k > 0, top_k.clamp(max=sorted_logits.shape[-1]), torch.ones_like(top_k))
     kth = torch.gather(sorted_logits, -1, (k - 1)[:, None, None].expand(*logits.shape[:2], 1))  # (B, W, 1)
-    probs = F.softmax(sorted_logits.float(), dim=-1)
-    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
-    keep_sorted = (before <= top_p.to(probs.dtype)[:, None, None]) | (top_p >= 1)[:, None, None]
-    keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted) & (logits >= kth)
+    keep = (logits >= kth) | (top_k <= 0)[:, None, None]
+    if nucleus:
+        probs = F.softmax(sorted_logits.float(), dim=-1)
+        before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+        keep_sorted = (before <= top_p.to(probs.dtype)[:, None, None]) | (top_p >= 1)[:, None, None]
+        keep &= torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
     floor = (temperature * torch.log(min_p)).to(logits.dtype)[:, None, None]  # -inf where min_p = 0
     keep &= (logits - sorted_logits[..., :1] >= floor) | (min_p <= 0)[:, None, None]
     return logits.masked_fill(~keep, NEG_INF)
@@ -158,7 +165,7 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
                           batch.stop_ids, rule.mask_id)
     pick = logits if batch.top_k is None else filter_logits(logits, batch.top_k, batch.top_p, batch.min_p,
-                                                            batch.temperature)
+                                                            batch.temperature, batch.nucleus, batch.top_k_max)
     if batch.sampling:
         scores = gumbel_scores(pick, batch.temperature, uniform_noise(batch.seed, batch.step, window.noise_pos, V, 0))
     elif rule.x0_from_probs:

@@ -90,6 +90,8 @@ class SamplingBatch:
     thresholds: tuple[float, ...]  # per real row, for the published tie order on the host
     logprobs: tuple[Optional[int], ...]  # per real row: alternatives asked for, None: no logprobs
     provisional: tuple[bool, ...]  # per real row
+    nucleus: bool = True  # any row with top_p < 1 (else top-k/min-p need only a partial sort)
+    top_k_max: int = 0  # the largest top_k of a real row
 
     @property
     def top_logprobs(self) -> int:
@@ -126,7 +128,8 @@ class SamplingBatch:
                    any_random=any(p.remasking == "random" for p in ps),
                    measures=frozenset(p.remasking for p in ps),
                    thresholds=tuple(float(row[1]) for row in floats),
-                   logprobs=tuple(p.logprobs for p in ps), provisional=tuple(p.provisional for p in ps))
+                   logprobs=tuple(p.logprobs for p in ps), provisional=tuple(p.provisional for p in ps),
+                   nucleus=any(p.top_p < 1 for p in ps), top_k_max=max((p.top_k for p in ps), default=0))
 
 
 def _stop_table(rows: Seq[RowKnobs], B: int, vocab: int, device: torch.device) -> torch.Tensor:

@@ -75,3 +75,18 @@ def test_top_k_1_sampling_is_greedy_and_rows_keep_their_own_settings(tiny_llm):
 def test_bad_values_are_refused(kw):
     with pytest.raises(InvalidRequest, match=next(iter(kw))):
         SamplingParams(**kw).validate()
+
+
+def test_without_top_p_a_partial_sort_keeps_the_same_tokens():
+    """Dream folders filter every row with top_k 50: without top-p, only the top_k_max largest
+    logits are sorted, and the kept set is the full sort's (ties at the k-th included)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 3, 500, generator=g).round(decimals=1)  # plenty of ties
+    top_k = torch.tensor([50, 0, 1, 7])
+    top_p = torch.ones(4, dtype=torch.float64)
+    min_p = torch.tensor([0.0, 0.3, 0.0, 0.05], dtype=torch.float64)
+    temperature = torch.tensor([1.0, 0.7, 1.0, 2.0], dtype=torch.float64)
+    full = _filter(logits, top_k, top_p, min_p, temperature)
+    partial = _filter(logits, top_k, top_p, min_p, temperature, nucleus=False, top_k_max=50)
+    assert torch.equal(full, partial)
+    assert torch.isfinite(partial[1]).sum() < 3 * 500  # min_p still filters the top_k-0 row
