@@ -3,7 +3,10 @@
 The canvas grows one block at a time over an exact KV cache. As the published loops lay it
 out, positions are absolute from the prompt's first token and blocks are aligned to them: the
 prompt's whole blocks are prefilled (block-causally, in chunks), and decoding starts at block
-P // b, whose first P % b positions are the prompt's tail (never masked, so never chosen). So
+P // b, whose first P % b positions are the prompt's tail. A mask token there is filled like any
+mask, as both published loops do (their block's masks are `x[block] == mask_id`, prompt tail
+included), and kept in the runner's token row, never in the output; a mask token in the prompt's
+whole blocks stays as it is (those blocks are only prefilled). So
 ceil((P + G) / b) * b - P positions are decoded, up to b - 1 more than gen_length G; the
 output is the first G. Each request moves through phases, one forward each:
 
@@ -43,6 +46,7 @@ class BlockSequence(Sequence):
             layout = self.constraint.layout.canvas
             self.canvas = list(layout) + [self.constraint.layout.tail] * (self.total - P - len(layout))
         self.first_block = P // b
+        self.prompt_tail = list(self.prompt[self.first_block * b:])  # the prompt's tokens in the first decoded block
         self.block = self.first_block  # absolute index of the block being decoded
         self.prefilled = 0
         self.post_steps = 0  # LLaDA2.1: steps run on the current block since its last mask was filled
@@ -71,11 +75,19 @@ class BlockSequence(Sequence):
         editing block's post steps (no mask left: if nothing is edited they are the final ones)."""
         if self.phase != DENOISE:
             return True
-        return self.editing and self.mask_id not in self._block_canvas()
+        return self.editing and not self._block_masked()
 
     def _block_canvas(self) -> list[int]:
         start, end = self.window
         return self.canvas[max(start - len(self.prompt), 0):end - len(self.prompt)]
+
+    def _block_masked(self) -> bool:
+        """Whether the block being decoded still holds a mask: in its output positions, or (as
+        published) in the prompt's tail that shares the first decoded block. A structured row
+        never commits the prompt's columns, so only its output positions count."""
+        if self.mask_id in self._block_canvas():
+            return True
+        return self.block == self.first_block and self.constraint is None and self.mask_id in self.prompt_tail
 
     @property
     def decode_blocks(self) -> int:
@@ -151,16 +163,23 @@ class BlockSequence(Sequence):
         elif self.phase == STORE:
             self._next_block()
         else:
-            masks_before, stored = self.mask_id in self._block_canvas(), self.stores_block
-            for pos, tok in zip(positions, tokens):
+            masks_before, stored = self._block_masked(), self.stores_block
+            own = []  # indices into positions of the output positions committed
+            for j, (pos, tok) in enumerate(zip(positions, tokens)):
                 i = start + pos - P
+                if i < 0:  # a mask token of the prompt's tail, filled as published: not output
+                    self.prompt_tail[start + pos - self.first_block * self.params.block_length] = tok
+                    continue
                 if self.canvas[i] != self.mask_id:
                     revised.append(i)
                 self.canvas[i] = tok
                 committed.append(i)
+                own.append(j)
                 if self.constraint is not None:
                     self.constraint.commit(i, tok)
-            self.token_logprobs.update(zip(committed, logprobs))
+            if logprobs:
+                self.token_logprobs.update(zip(committed, (logprobs[j] for j in own)))
+            confidences = [confidences[j] for j in own]
             self.step_in_block += 1
             if self._block_ends(masks_before, bool(revised)):
                 block_done = True
@@ -168,7 +187,7 @@ class BlockSequence(Sequence):
         keep = [i for i, c in enumerate(committed) if c < G]
         block = min(self.block - (1 if block_done and self.phase == DENOISE and not self.finished else 0),
                     self.total // self.params.block_length - 1) - self.first_block
-        guesses = tuple((start + i - P, t, c) for i, t, c in provisional if start + i - P < G)
+        guesses = tuple((start + i - P, t, c) for i, t, c in provisional if 0 <= start + i - P < G)
         return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done,
                           guesses, tuple(i for i in sorted(revised) if i < G))
 
@@ -177,7 +196,7 @@ class BlockSequence(Sequence):
         it, as LLaDA2.1's loop decides: a step that starts with no mask left is a post step; the
         block ends after one that edits nothing, or when the next step would be a post step past
         max_post_steps (an edit may write the mask token back: that position is filled first)."""
-        filled = self.mask_id not in self._block_canvas()
+        filled = not self._block_masked()
         if not self.editing:
             return filled
         if not masks_before:

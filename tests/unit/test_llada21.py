@@ -140,3 +140,16 @@ def test_llada20_keeps_its_loop_and_refuses_editing(tmp_path):
     assert not llm.family.edits and llm.defaults.editing_threshold is None
     with pytest.raises(InvalidRequest, match="editing_threshold"):
         llm.sequence(PROMPTS[0], SamplingParams(gen_length=16, block_length=4, steps=16, editing_threshold=0.5))
+
+
+def test_a_mask_token_in_the_prompts_tail_is_filled_as_published(llm, ref_model):
+    """Both published loops take the block's masks as `x[block] == mask_id`, the prompt's tail
+    included: a mask token there is filled (and then, being prompt, never edited), and the block
+    does not end before it is. The engine fills it in its token row and keeps it out of the
+    output (it once wrote it at canvas index -1, the canvas's last position)."""
+    p = [12, 33, 999, 4, 58, MASK_ID]  # block 4: prompt positions 4, 5 share the first decoded block
+    for editing in (0.0, None):
+        ref = _ref(ref_model, p, 4, 0.5, editing, 2)
+        s = run_engine(llm, [p], **_params(4, 0.5, editing, 2))[0]
+        assert s.generated() == cut(ref.ids, G), (editing, ref)
+        assert s.finished
