@@ -175,6 +175,73 @@ def tokens_per_s(llm: LLM, workload: str, G: int, schemas: list[dict]) -> tuple[
             wall / max(1, llm.loop.steps - steps0))
 
 
+SERVING_WORKLOADS = ("free", "schema", "matched")
+
+
+def serving_specs(workload: str, n: int, G: int, schemas: list[dict], a: argparse.Namespace) -> list[dict]:
+    """The serving benchmark's requests (bench_serving.request_specs: threshold decoding, steps =
+    gen_length, block 32, its prompts) and, but for `free`, a structured_output on each:
+    `schema` cycles the schemas that fit G tokens, `matched` is one regex slot of exactly G
+    printable characters (so both constrained and free rows decode the whole canvas)."""
+    from bench_serving import params_for, request_specs
+    from benchmark import TEXT_PROMPTS
+    specs = request_specs((TEXT_PROMPTS * (n // len(TEXT_PROMPTS) + 1))[:n], params_for(G, a))
+    for i, sp in enumerate(specs):
+        if workload == "schema":
+            sp["structured_output"] = {"json_schema": schemas[i % len(schemas)]}
+        elif workload == "matched":
+            sp["structured_output"] = {"regex": f"[ -~]{{{G}}}"}
+    return specs
+
+
+def serving(a: argparse.Namespace, tmp: Path) -> None:
+    """`celeris serve` in its own process and the clients in another (bench_serving's), per model:
+    concurrency 16, the workloads interleaved in each repeat, medians of --repeats, and each
+    constrained workload's ratio to `free` (of the medians, and the median of per-repeat ratios)."""
+    from bench_serving import cell
+    from serving_process import ClientProcess, ServeProcess
+    a.block_length, a.threshold = 32, 0.9
+    n, G = a.requests, a.length
+    for name in filter(None, a.models.split(",")):
+        llm = load(name, tmp)
+        folder = tmp / "bigvocab" if name == "bigvocab" else EMBEDDED_MODELS[name]
+        schemas = fitting(llm, G)
+        special = tuple(sorted(llm.tokenizer.special_ids))  # pad fillers, stop ids: not counted as text
+        specs = {w: serving_specs(w, n, G, schemas, a) for w in SERVING_WORKLOADS}
+        runs: dict[str, list] = {w: [] for w in SERVING_WORKLOADS}
+        with ServeProcess(folder, a.threads, 16, a.kv_cache, tmp / f"{name}.log", max_gen_length=G) as server, \
+                ClientProcess() as client:
+            for w in SERVING_WORKLOADS:  # warm-up: first calls pay allocation and compilation
+                client.run({"target": server.target, "concurrency": 4, "mode": a.stream_mode, "requests": specs[w][:4]})
+            for rep in range(a.repeats):
+                for w in SERVING_WORKLOADS:
+                    runs[w].append(cell(server, client, a.stream_mode, 16, specs[w], 1.0, special))
+                    if runs[w][-1]["failed"]:
+                        raise SystemExit(f"{name} {w}: {runs[w][-1]['failed']} failed: {runs[w][-1]['errors']}")
+                print(f"  {name} repeat {rep + 1}/{a.repeats}: " + ", ".join(
+                    f"{w} {runs[w][-1]['text_tokens_per_s']:.1f}" for w in SERVING_WORKLOADS) + " text tok/s", flush=True)
+        print(serving_table(name, runs, schemas, a))
+
+
+def serving_table(name: str, runs: dict[str, list], schemas: list[dict], a: argparse.Namespace) -> str:
+    keys = ("tokens_per_s", "text_tokens_per_s", "requests_per_s", "forward_ms")
+    med = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in runs.items()}
+    steps = {w: statistics.median(r["steps"] for r in rs) for w, rs in runs.items()}
+    lines = [f"serving {name}: celeris serve, concurrency 16, {a.requests} requests a run, gen_length {a.length}, "
+             f"steps {a.length}, block 32, threshold 0.9, kv_cache {a.kv_cache}, stream mode {a.stream_mode}, "
+             f"{a.threads} threads, CPU float32, medians of {a.repeats} interleaved runs "
+             f"(schema: {len(schemas)} schemas cycled)",
+             f"  {'workload':8s} {'usage tok/s':>11s} {'text tok/s':>10s} {'ratio':>6s} {'paired':>6s} {'req/s':>6s} "
+             f"{'ms/step':>7s} {'ratio':>6s} {'steps':>6s}  text tok/s per run"]
+    for w, m in med.items():
+        paired = statistics.median(r["text_tokens_per_s"] / f["text_tokens_per_s"] for r, f in zip(runs[w], runs["free"]))
+        lines.append(f"  {w:8s} {m['tokens_per_s']:11.1f} {m['text_tokens_per_s']:10.1f} "
+                     f"{m['text_tokens_per_s'] / med['free']['text_tokens_per_s']:6.3f} {paired:6.3f} "
+                     f"{m['requests_per_s']:6.2f} {m['forward_ms']:7.1f} {m['forward_ms'] / med['free']['forward_ms']:6.3f} "
+                     f"{steps[w]:6.0f}  {[round(r['text_tokens_per_s'], 1) for r in runs[w]]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -182,8 +249,20 @@ def main() -> None:
     ap.add_argument("--throughput-model", default="celeris-tiny")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--length", type=int, default=64, help="gen_length of the throughput runs")
+    ap.add_argument("--serving", action="store_true",
+                    help="only the serving cost: `celeris serve` per model in --models, concurrency 16, "
+                         "free vs constrained side by side (see serving())")
+    ap.add_argument("--requests", type=int, default=32, help="--serving: requests a run")
+    ap.add_argument("--threads", type=int, default=2, help="--serving: the server's torch threads")
+    ap.add_argument("--kv-cache", default="dual", choices=("none", "prefix", "dual"))
+    ap.add_argument("--stream-mode", default="full", help="--serving: stream mode (full: the last message's "
+                                                          "tokens give the text-bearing count)")
     a = ap.parse_args()
     torch.set_num_threads(2)
+    if a.serving:
+        with tempfile.TemporaryDirectory() as tmp:
+            serving(a, Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         for name in filter(None, a.models.split(",")):
             llm = load(name, Path(tmp))
