@@ -97,7 +97,7 @@ SUBSET = {"type": "object", "additionalProperties": False, "$schema": "https://j
               "i": {"type": "integer", "minimum": -3, "maximum": 7},
               "x": {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 6},
               "n": {"type": "number", "minimum": -2.5, "exclusiveMaximum": 3}, "b": {"type": "boolean"},
-              "z": {"type": "null"}, "a": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 3},
+              "z": {"type": "null"}, "a": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
               "o": {"type": "object", "properties": {"k": {"const": 1}}}}}
 
 
@@ -214,3 +214,19 @@ def test_refusals_name_the_field(llm):
         llm.build(Request(prompt="x", params=replace(llm.defaults, stop=("}",)), structured=Structured("regex", "a{1,3}")))
     with pytest.raises(InvalidRequest, match="characters"):
         llm.build(Request(prompt="x", structured=Structured("json_schema", "[" * 40_000)))
+
+
+def test_constrain_in_place_equals_the_copy_and_the_copy_leaves_the_logits_alone():
+    import torch
+    from engine.sampler import constrain
+    logits = torch.randn(2, 3, 10)
+    allowed = torch.zeros(2, 10, dtype=torch.bool)
+    allowed[0, [1, 4]] = allowed[1, 7] = True
+    flat = torch.tensor([1, 5])
+    before = logits.clone()
+    copy = constrain(logits, flat, allowed)
+    assert torch.equal(logits, before)  # a row that asks for logprobs reads the model's own
+    inplace = constrain(logits, flat, allowed, inplace=True)
+    assert torch.equal(inplace, copy) and inplace.data_ptr() == logits.data_ptr()
+    assert copy.view(6, 10)[1].isfinite().nonzero().flatten().tolist() == [1, 4]
+    assert torch.equal(copy.view(6, 10)[[0, 2, 3, 4]], before.view(6, 10)[[0, 2, 3, 4]])
