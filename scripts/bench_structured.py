@@ -32,10 +32,10 @@ from pathlib import Path
 import jsonschema
 import torch
 
-from engine.config import EngineConfig
-from engine.llm import EMBEDDED_MODELS, LLM
-from engine.requests import Request
-from engine.structured.constraint import Structured
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.structured.constraint import Structured
 
 S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
@@ -127,9 +127,9 @@ def llada_vocab_tokenizer(folder: Path) -> None:
 
 def llada_vocab_model(folder: Path) -> Path:
     """A random model with LLaDA-8B's vocabulary and tokenizer shape and small layers (LLADA)."""
-    from engine.config import ModelConfig
-    from engine.model import MaskPredictor
-    from engine.weights import save_model
+    from celeris.engine.config import ModelConfig
+    from celeris.engine.model import MaskPredictor
+    from celeris.engine.weights import save_model
     folder.mkdir(parents=True, exist_ok=True)
     llada_vocab_tokenizer(folder)
     cfg = json.loads((EMBEDDED_MODELS["celeris-tiny"] / "config.json").read_text()) | {

@@ -12,14 +12,14 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.llm import EMBEDDED_MODELS, LLM
-from engine.requests import Request
-from engine.config import ModelConfig
-from engine.structured.constraint import Compiler, Constraint, StructureError, Structured
-from engine.tokenizer import Tokenizer
-from engine.structured.regexes import int_range, max_width, RegexError
-from engine.structured.schema import MAX_DEPTH, SchemaError, Slot, compile_schema
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.config import ModelConfig
+from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
+from celeris.engine.tokenizer import Tokenizer
+from celeris.engine.structured.regexes import int_range, max_width, RegexError
+from celeris.engine.structured.schema import MAX_DEPTH, SchemaError, Slot, compile_schema
 
 PERSON = {"type": "object", "required": ["name", "age", "ok", "tags", "score", "color", "addr"], "properties": {
     "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -218,7 +218,7 @@ def test_refusals_name_the_field(llm):
 
 def test_constrain_in_place_equals_the_copy_and_the_copy_leaves_the_logits_alone():
     import torch
-    from engine.sampler import constrain
+    from celeris.engine.sampler import constrain
     logits = torch.randn(2, 3, 10)
     allowed = torch.zeros(2, 10, dtype=torch.bool)
     allowed[0, [1, 4]] = allowed[1, 7] = True
