@@ -5,8 +5,10 @@ so the clients never share cores' time slices or a GIL with the server the way t
 benchmark's clients rode the server's event loop. It reads one JSON job per stdin line and
 answers one JSON line per job on stdout:
 
-    job:    {"target", "concurrency", "mode", "requests": [{"prompt", "gen_length", ...}, ...]}
-    answer: {"wall_s", "cpu_s", "records": [{"ok", "first_s", "latency_s", "messages", "bytes", "tokens", "error"}]}
+    job:    {"target", "concurrency", "mode", "requests": [{"prompt", "gen_length", ..., "structured_output"}, ...],
+             "uncounted_ids" (optional: ids text_tokens leaves out)}
+    answer: {"wall_s", "cpu_s", "records": [{"ok", "first_s", "latency_s", "messages", "bytes", "tokens",
+                                             "text_tokens", "error"}]}
 
 `cpu_s` is this process's CPU time over the job: what the clients took from the machine's cores.
 
@@ -63,14 +65,24 @@ def build(spec: dict[str, Any], mode: str) -> pb.GenerateRequest:
     for f in REQUEST_FIELDS:
         if spec.get(f) is not None:
             setattr(req, f, spec[f])
+    so = spec.get("structured_output")  # {"json_schema": schema} | {"regex": str} | {"choice": [str]}
+    if so:
+        kind, value = next(iter(so.items()))
+        if kind == "choice":
+            req.structured_output.choice.values.extend(value)
+        else:
+            setattr(req.structured_output, kind, json.dumps(value) if kind == "json_schema" else value)
     return req
 
 
-async def one(stub: pb_grpc.GenerationServiceStub, req: pb.GenerateRequest) -> dict[str, Any]:
-    """One stream: time to its first message, latency, messages, bytes on the wire, tokens."""
+async def one(stub: pb_grpc.GenerationServiceStub, req: pb.GenerateRequest, uncounted: frozenset = frozenset()
+              ) -> dict[str, Any]:
+    """One stream: time to its first message, latency, messages, bytes on the wire, tokens
+    (usage's), and text tokens: generated ids not in `uncounted` (e.g. the model's special ids, so
+    a structured output's pad fillers do not count), where the last message holds the tokens."""
     t0 = time.perf_counter()
     first = None
-    messages = size = tokens = 0
+    messages = size = tokens = text_tokens = 0
     try:
         async for msg in stub.Generate(req):
             if first is None:
@@ -79,18 +91,21 @@ async def one(stub: pb_grpc.GenerationServiceStub, req: pb.GenerateRequest) -> d
             size += msg.ByteSize()
             if msg.done:
                 tokens += msg.usage.generated_tokens
+                text_tokens += sum(1 for t in msg.tokens[:msg.usage.generated_tokens] if t.id not in uncounted)
     except grpc.RpcError as e:
         t = time.perf_counter() - t0
         return {"ok": False, "first_s": t, "latency_s": t, "messages": messages, "bytes": size, "tokens": 0,
                 "error": f"{e.code().name}: {e.details()}"}
     latency = time.perf_counter() - t0
     return {"ok": True, "first_s": latency if first is None else first, "latency_s": latency,
-            "messages": messages, "bytes": size, "tokens": tokens, "error": None}
+            "messages": messages, "bytes": size, "tokens": tokens, "text_tokens": text_tokens,
+            "error": None}
 
 
 async def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """`concurrency` workers on one channel (one client process, one connection) drain the list."""
     reqs = [build(spec, job["mode"]) for spec in job["requests"]]
+    uncounted = frozenset(job.get("uncounted_ids", ()))
     records: list[dict[str, Any]] = [{}] * len(reqs)
     queue = list(enumerate(reqs))
     async with grpc.aio.insecure_channel(job["target"]) as channel:
@@ -100,7 +115,7 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
         async def worker() -> None:
             while queue:
                 i, req = queue.pop(0)
-                records[i] = await one(stub, req)
+                records[i] = await one(stub, req, uncounted)
 
         t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(max(1, job["concurrency"]))))

@@ -160,7 +160,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     """
     B, W, V = logits.shape
     if window.allowed is not None:  # structured outputs: before everything that reads the logits
-        logits = constrain(logits, window.allowed.flat, window.allowed.tokens)
+        # in place (only N rows written) unless a row's logprobs will read the model's own logits
+        logits = constrain(logits, window.allowed.flat, window.allowed.tokens, inplace=batch.top_logprobs < 0)
     if batch.frequency is not None:
         logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
                           batch.stop_ids, rule.mask_id)
@@ -210,11 +211,13 @@ def with_edits(sel: Selection, tokens: torch.Tensor, editable: torch.Tensor, edi
                    conf=torch.where(edit, sel.edit_conf, sel.conf))
 
 
-def constrain(logits: torch.Tensor, flat: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+def constrain(logits: torch.Tensor, flat: torch.Tensor, allowed: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """logits (B, W, V) with -inf outside each constrained position's allowed tokens: flat (N,)
-    indexes the B * W positions, allowed (N, V). Only those N rows of the vocabulary are touched."""
+    indexes the B * W positions, allowed (N, V). Only those N rows of the vocabulary are touched;
+    `inplace` writes them into `logits` itself (a copy of the whole (B, W, V) costs more than the
+    masks at a large vocabulary), else into a copy."""
     B, W, V = logits.shape
-    out = logits.reshape(B * W, V).clone()
+    out = logits.view(B * W, V) if inplace and logits.is_contiguous() else logits.reshape(B * W, V).clone()
     out[flat] = out[flat].masked_fill(~allowed, NEG_INF)
     return out.view(B, W, V)
 

@@ -68,10 +68,13 @@ def request_specs(prompts: list[str], p: SamplingParams) -> list[dict[str, Any]]
 
 
 def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: int, specs: list[dict],
-         forward_cores: float) -> dict[str, Any]:
-    """One measured run of one cell through the server, with the server's per-step split."""
+         forward_cores: float, uncounted: tuple[int, ...] = ()) -> dict[str, Any]:
+    """One measured run of one cell through the server, with the server's per-step split.
+    text_tokens_per_s leaves `uncounted` ids out (only in stream modes whose last message holds
+    the tokens)."""
     before = server.sample()
-    ans = client.run({"target": server.target, "concurrency": concurrency, "mode": mode, "requests": specs})
+    ans = client.run({"target": server.target, "concurrency": concurrency, "mode": mode, "requests": specs,
+                      "uncounted_ids": list(uncounted)})
     after = server.sample()
     recs = ans["records"]
     ok = [r for r in recs if r["ok"]]
@@ -79,7 +82,9 @@ def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: in
     steps = max(1, int(d["steps"]))
     ms = lambda x: None if x is None else 1000 * x  # noqa: E731
     tokens = sum(r["tokens"] for r in ok)
+    text_tokens = sum(r.get("text_tokens", 0) for r in ok)
     return {"tokens": tokens, "wall_s": ans["wall_s"], "tokens_per_s": tokens / ans["wall_s"],
+            "text_tokens_per_s": text_tokens / ans["wall_s"], "requests_per_s": len(ok) / ans["wall_s"],
             "failed": len(recs) - len(ok), "errors": sorted({r["error"] for r in recs if r["error"]})[:3],
             "first_p50_ms": ms(percentile([r["first_s"] for r in ok], 50)),
             "latency_p50_ms": ms(percentile([r["latency_s"] for r in ok], 50)),

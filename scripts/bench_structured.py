@@ -1,14 +1,14 @@
 """Structured outputs: validity over 20 schemas and 10 regexes/choices x seeds x models, and the
 throughput cost of the constraint at concurrency 16, side by side in one run.
 
-    PYTHONPATH=. python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,bigvocab]
+    PYTHONPATH=. python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,llada-vocab]
                                                     [--throughput-model celeris-tiny] [--repeats 3]
 
 Validity: every output must parse (json.loads) and validate (jsonschema), or fullmatch its
 regex / equal one of its choices. Requests go through the engine in batches of up to 16 (the
-doors are covered by tests/integration/test_structured_outputs.py). `bigvocab` is a random
-model with LLaDA-8B's vocabulary size (126,464: celeris-tiny's tokenizer extended with
-synthetic byte-level tokens, so masks cover a real-size vocabulary) and tiny layers.
+doors are covered by tests/integration/test_structured_outputs.py). `llada-vocab` is a random
+model with LLaDA-8B's vocabulary and tokenizer shape and small layers (`LLADA` below says
+exactly what is and is not LLaDA-8B's).
 Throughput: output tokens/s = generated tokens that are not special (EOS, pad fillers) / wall
 time, and wall time per step, 16 requests submitted at once (max_batch 16), interleaved, median
 of `repeats` each, for three workloads: `free` (unconstrained, ignore_eos: every position is
@@ -75,34 +75,75 @@ REGEXES = [("regex", r"[0-9]{3}-[0-9]{4}"), ("regex", r"[a-z]{1,8}@[a-z]{2,6}\.(
            ("choice", ["not sure", "a/b", "x-y [z]"]), ("choice", ["Paris", "London", "Rome", "Berlin"])]
 
 
-def big_vocab_model(folder: Path, vocab: int = 126_464) -> Path:
-    """A random model with LLaDA-8B's vocabulary size and tiny layers (see the module doc)."""
-    from celeris.engine.config import ModelConfig
-    from celeris.engine.weights import save_model
-    from celeris.engine.model import MaskPredictor
+# LLaDA-8B-Instruct's shape where it touches structured outputs (its config.json and tokenizer):
+# vocabulary and embedding size, special tokens at its ids (BOS <|startoftext|> 126080, EOS
+# <|endoftext|> 126081, mask <|mdm_mask|> 126336, <|eot_id|> 126348, the rest of 126080-126463
+# reserved special tokens), no pad token of its own (pad = EOS, so a JSON slot's filler is the
+# space token), byte-level BPE, RoPE theta 500,000, 32 heads, MLP 3x d_model. Not its size:
+# d_model 256 (not 4,096) and 2 layers (not 32), so a step runs on 2 CPU cores.
+LLADA = {"vocab": 126_464, "bos": (126_080, "<|startoftext|>"), "eos": (126_081, "<|endoftext|>"),
+         "mask": (126_336, "<|mdm_mask|>"), "eot": (126_348, "<|eot_id|>"),
+         "header": ((126_346, "<|start_header_id|>"), (126_347, "<|end_header_id|>"))}
+LLADA_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}"
+                  "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>"
+                  "\n\n{% endif %}")
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the 256 characters that stand for the 256 bytes."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def llada_vocab_tokenizer(folder: Path) -> None:
+    """celeris-tiny's BPE (its merges and normal tokens) renumbered from 0, synthetic byte-level
+    tokens of 2 and 3 bytes (any byte: quotes, backslashes, control bytes, partial UTF-8, as real
+    vocabularies have; reachable by decode, never produced by encode) up to id 126,079, and
+    LLaDA's special tokens and reserved ones at 126,080-126,463."""
+    import random
     src = EMBEDDED_MODELS["celeris-tiny"]
     tok = json.loads((src / "tokenizer.json").read_text())
-    words = tok["model"]["vocab"]
-    alphabet = [c for c in map(chr, range(33, 127)) if c not in "\"\\"] + ["Ġ"]
-    i = 0
-    while len(words) < vocab:  # synthetic 3-character byte-level tokens, never merged into by encode
-        t = alphabet[i % 93] + alphabet[(i // 93) % 93] + alphabet[(i // 93 // 93) % 93]
-        words.setdefault(t, len(words))
-        i += 1
-    folder.mkdir(parents=True, exist_ok=True)
+    specials = {t["content"] for t in tok["added_tokens"]}
+    normal = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1]) if t not in specials]
+    vocab = {t: i for i, t in enumerate(normal)}
+    alphabet, rng = _byte_alphabet(), random.Random(0)
+    while len(vocab) < LLADA["bos"][0]:
+        t = "".join(rng.choice(alphabet) for _ in range(rng.choice((2, 3))))
+        vocab.setdefault(t, len(vocab))
+    named = {i: c for i, c in (LLADA["bos"], LLADA["eos"], LLADA["mask"], LLADA["eot"], *LLADA["header"])}
+    added = []
+    for i in range(LLADA["bos"][0], LLADA["vocab"]):
+        content = named.get(i, f"<|reserved_token_{i}|>")
+        vocab[content] = i
+        added.append({"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": True})
+    tok["model"]["vocab"], tok["added_tokens"] = vocab, added
     (folder / "tokenizer.json").write_text(json.dumps(tok))
-    (folder / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text())
-    cfg = json.loads((src / "config.json").read_text()) | {"vocab_size": vocab, "embedding_size": vocab,
-                                                          "n_layers": 1, "name": "bigvocab-random"}
-    mc = ModelConfig.from_json(cfg) if hasattr(ModelConfig, "from_json") else ModelConfig(**cfg)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": LLADA["bos"][1], "eos_token": LLADA["eos"][1], "pad_token": LLADA["eos"][1],
+        "mask_token": LLADA["mask"][1], "add_bos_token": True, "chat_template": LLADA_TEMPLATE}))
+
+
+def llada_vocab_model(folder: Path) -> Path:
+    """A random model with LLaDA-8B's vocabulary and tokenizer shape and small layers (LLADA)."""
+    from celeris.engine.config import ModelConfig
+    from celeris.engine.model import MaskPredictor
+    from celeris.engine.weights import save_model
+    folder.mkdir(parents=True, exist_ok=True)
+    llada_vocab_tokenizer(folder)
+    cfg = json.loads((EMBEDDED_MODELS["celeris-tiny"] / "config.json").read_text()) | {
+        "vocab_size": LLADA["vocab"], "embedding_size": LLADA["vocab"], "mask_token_id": LLADA["mask"][0],
+        "eos_token_id": LLADA["eos"][0], "rope_theta": 500000.0, "d_model": 256, "n_heads": 32, "n_kv_heads": 32,
+        "mlp_hidden_size": 768, "n_layers": 2, "max_sequence_length": 4096, "name": "llada-vocab-random"}
     torch.manual_seed(0)
-    save_model(MaskPredictor(mc).eval(), folder)
+    save_model(MaskPredictor(ModelConfig.from_json(cfg)).eval(), folder)
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 
 
 def load(name: str, tmp: Path) -> LLM:
-    folder = big_vocab_model(tmp / "bigvocab") if name == "bigvocab" else EMBEDDED_MODELS[name]
+    folder = llada_vocab_model(tmp / name) if name == "llada-vocab" else EMBEDDED_MODELS[name]
     return LLM.load(folder, EngineConfig(max_batch=16, max_queue=64))
 
 
@@ -175,15 +216,94 @@ def tokens_per_s(llm: LLM, workload: str, G: int, schemas: list[dict]) -> tuple[
             wall / max(1, llm.loop.steps - steps0))
 
 
+SERVING_WORKLOADS = ("free", "schema", "matched")
+
+
+def serving_specs(workload: str, n: int, G: int, schemas: list[dict], a: argparse.Namespace) -> list[dict]:
+    """The serving benchmark's requests (bench_serving.request_specs: threshold decoding, steps =
+    gen_length, block 32, its prompts) and, but for `free`, a structured_output on each:
+    `schema` cycles the schemas that fit G tokens, `matched` is one regex slot of exactly G
+    printable characters (so both constrained and free rows decode the whole canvas)."""
+    from bench_serving import params_for, request_specs
+    from benchmark import TEXT_PROMPTS
+    specs = request_specs((TEXT_PROMPTS * (n // len(TEXT_PROMPTS) + 1))[:n], params_for(G, a))
+    for i, sp in enumerate(specs):
+        if workload == "schema":
+            sp["structured_output"] = {"json_schema": schemas[i % len(schemas)]}
+        elif workload == "matched":
+            sp["structured_output"] = {"regex": f"[ -~]{{{G}}}"}
+    return specs
+
+
+def serving(a: argparse.Namespace, tmp: Path) -> None:
+    """`celeris serve` in its own process and the clients in another (bench_serving's), per model:
+    concurrency 16, the workloads interleaved in each repeat, medians of --repeats, and each
+    constrained workload's ratio to `free` (of the medians, and the median of per-repeat ratios)."""
+    from bench_serving import cell
+    from serving_process import ClientProcess, ServeProcess
+    a.block_length, a.threshold = 32, 0.9
+    n, G = a.requests, a.length
+    for name in filter(None, a.models.split(",")):
+        llm = load(name, tmp)
+        folder = tmp / name if name == "llada-vocab" else EMBEDDED_MODELS[name]
+        schemas = fitting(llm, G)
+        special = tuple(sorted(llm.tokenizer.special_ids))  # pad fillers, stop ids: not counted as text
+        specs = {w: serving_specs(w, n, G, schemas, a) for w in SERVING_WORKLOADS}
+        runs: dict[str, list] = {w: [] for w in SERVING_WORKLOADS}
+        with ServeProcess(folder, a.threads, 16, a.kv_cache, tmp / f"{name}.log", max_gen_length=G) as server, \
+                ClientProcess() as client:
+            for w in SERVING_WORKLOADS:  # warm-up: first calls pay allocation and compilation
+                client.run({"target": server.target, "concurrency": 4, "mode": a.stream_mode, "requests": specs[w][:4]})
+            for rep in range(a.repeats):
+                for w in SERVING_WORKLOADS:
+                    runs[w].append(cell(server, client, a.stream_mode, 16, specs[w], 1.0, special))
+                    if runs[w][-1]["failed"]:
+                        raise SystemExit(f"{name} {w}: {runs[w][-1]['failed']} failed: {runs[w][-1]['errors']}")
+                print(f"  {name} repeat {rep + 1}/{a.repeats}: " + ", ".join(
+                    f"{w} {runs[w][-1]['text_tokens_per_s']:.1f}" for w in SERVING_WORKLOADS) + " text tok/s", flush=True)
+        print(serving_table(name, runs, schemas, a))
+
+
+def serving_table(name: str, runs: dict[str, list], schemas: list[dict], a: argparse.Namespace) -> str:
+    keys = ("tokens_per_s", "text_tokens_per_s", "requests_per_s", "forward_ms")
+    med = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in runs.items()}
+    steps = {w: statistics.median(r["steps"] for r in rs) for w, rs in runs.items()}
+    lines = [f"serving {name}: celeris serve, concurrency 16, {a.requests} requests a run, gen_length {a.length}, "
+             f"steps {a.length}, block 32, threshold 0.9, kv_cache {a.kv_cache}, stream mode {a.stream_mode}, "
+             f"{a.threads} threads, CPU float32, medians of {a.repeats} interleaved runs "
+             f"(schema: {len(schemas)} schemas cycled)",
+             f"  {'workload':8s} {'usage tok/s':>11s} {'text tok/s':>10s} {'ratio':>6s} {'paired':>6s} {'req/s':>6s} "
+             f"{'ms/step':>7s} {'ratio':>6s} {'steps':>6s}  text tok/s per run"]
+    for w, m in med.items():
+        paired = statistics.median(r["text_tokens_per_s"] / f["text_tokens_per_s"] for r, f in zip(runs[w], runs["free"]))
+        lines.append(f"  {w:8s} {m['tokens_per_s']:11.1f} {m['text_tokens_per_s']:10.1f} "
+                     f"{m['text_tokens_per_s'] / med['free']['text_tokens_per_s']:6.3f} {paired:6.3f} "
+                     f"{m['requests_per_s']:6.2f} {m['forward_ms']:7.1f} {m['forward_ms'] / med['free']['forward_ms']:6.3f} "
+                     f"{steps[w]:6.0f}  {[round(r['text_tokens_per_s'], 1) for r in runs[w]]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--models", default="celeris-tiny,celeris-tiny-block,bigvocab")
+    ap.add_argument("--models", default="celeris-tiny,celeris-tiny-block,llada-vocab")
     ap.add_argument("--throughput-model", default="celeris-tiny")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--length", type=int, default=64, help="gen_length of the throughput runs")
+    ap.add_argument("--serving", action="store_true",
+                    help="only the serving cost: `celeris serve` per model in --models, concurrency 16, "
+                         "free vs constrained side by side (see serving())")
+    ap.add_argument("--requests", type=int, default=32, help="--serving: requests a run")
+    ap.add_argument("--threads", type=int, default=2, help="--serving: the server's torch threads")
+    ap.add_argument("--kv-cache", default="dual", choices=("none", "prefix", "dual"))
+    ap.add_argument("--stream-mode", default="full", help="--serving: stream mode (full: the last message's "
+                                                          "tokens give the text-bearing count)")
     a = ap.parse_args()
     torch.set_num_threads(2)
+    if a.serving:
+        with tempfile.TemporaryDirectory() as tmp:
+            serving(a, Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         for name in filter(None, a.models.split(",")):
             llm = load(name, Path(tmp))

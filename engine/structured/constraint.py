@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence as Seq
 
 import llguidance
+import numpy as np
 import torch
 
 from celeris.engine.sampling_batch import Allowed
@@ -199,22 +200,27 @@ class Constraint:
         """Canvas positions in [lo, hi) that may commit this step (each live slot's front)."""
         return sorted(p for p in self._by_front if lo <= p < hi)
 
-    def allowed(self, pos: int) -> torch.Tensor:
-        """(V,) bool: the tokens the slot whose front is `pos` may commit there."""
+    def fill(self, pos: int, words: np.ndarray) -> None:
+        """Write the tokens the slot whose front is `pos` may commit there into `words`, a
+        contiguous (ceil(V / 32),) uint32 row, as bits (token t: bit t % 32 of word t // 32).
+        llguidance writes its mask straight into the row (no Python per token)."""
         i = self._by_front[pos]
         filler = self.layout.slots[i].filler
-        out = torch.zeros(self.V, dtype=torch.bool)
         if self._ended[i]:
-            out[filler] = True
-            return out
-        m = self._matchers[i]
-        bits = torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.uint8)
-        mask = ((bits[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()[:self.V]
-        out[:mask.numel()] = mask
-        out[self._eos] = False  # ends are the filler's job
-        if m.is_accepting():
-            out[filler] = True
-        return out
+            words[:] = 0
+        else:
+            m = self._matchers[i]
+            m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            words[self._eos >> 5] &= ~np.uint32(1 << (self._eos & 31))  # ends are the filler's job
+            if not m.is_accepting():
+                return
+        words[filler >> 5] |= np.uint32(1 << (filler & 31))
+
+    def allowed(self, pos: int) -> torch.Tensor:
+        """(V,) bool: the tokens the slot whose front is `pos` may commit there."""
+        words = np.zeros((1, self.words), dtype=np.uint32)
+        self.fill(pos, words[0])
+        return unpack(words, self.V, torch.device("cpu"))[0]
 
     def commit(self, pos: int, token: int) -> None:
         """The slot whose front is `pos` committed `token` there: move its front right. A slot
@@ -234,16 +240,31 @@ class Constraint:
             self._by_front[pos + 1] = i
 
 
+_BITS = torch.tensor([[(x >> j) & 1 for j in range(8)] for x in range(256)], dtype=torch.bool)  # (256, 8)
+
+
+def unpack(words: np.ndarray, V: int, device: torch.device) -> torch.Tensor:
+    """(N, ceil(V / 32)) uint32 packed bits -> (N, V) bool on `device`. Little-endian bytes: byte
+    k holds tokens 8k..8k+7. On the host numpy unpacks them; for an accelerator the packed
+    words cross (V / 8 bytes a row) and each byte is looked up in a (256, 8) table there."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :V].view(bool))
+    packed = torch.from_numpy(words.view(np.uint8)).to(device, non_blocking=True)
+    return _BITS.to(device)[packed.long()].flatten(1)[:, :V]
+
+
 def window_masks(rows: Seq[Optional[tuple[Constraint, list[int]]]], W: int, device: torch.device):
     """A step's constrained rows as (front (B, W) bool: the columns that may commit, `Allowed`),
     or (None, None) when no row is constrained: unconstrained batches pay nothing. rows[b] is
     (constraint, the canvas position of each window column, -1 for none) or None (unconstrained:
-    every column may commit)."""
+    every column may commit). llguidance fills packed rows (one bit a token) and they are
+    unpacked once for the whole step (`unpack`)."""
     if all(r is None for r in rows):
         return None, None
     B = len(rows)
-    front = torch.ones(B, W, dtype=torch.bool)
-    flat, allowed = [], []
+    front = np.ones((B, W), dtype=bool)
+    flat: list[int] = []
+    fronts: list[tuple[Constraint, int]] = []
     for b, r in enumerate(rows):
         if r is None:
             continue
@@ -253,6 +274,10 @@ def window_masks(rows: Seq[Optional[tuple[Constraint, list[int]]]], W: int, devi
         for p in c.fronts(min(col_of), max(col_of) + 1):
             front[b, col_of[p]] = True
             flat.append(b * W + col_of[p])
-            allowed.append(c.allowed(p))
-    tokens = torch.stack(allowed) if allowed else torch.zeros(0, 1, dtype=torch.bool)
-    return front.to(device), Allowed(torch.tensor(flat, dtype=torch.long, device=device), tokens.to(device))
+            fronts.append((c, p))
+    V = next(r[0].V for r in rows if r is not None)
+    words = np.empty((len(fronts), (V + 31) // 32), dtype=np.uint32)
+    for k, (c, p) in enumerate(fronts):
+        c.fill(p, words[k])
+    return torch.from_numpy(front).to(device), Allowed(torch.tensor(flat, dtype=torch.long, device=device),
+                                                       unpack(words, V, device))

@@ -7,9 +7,10 @@ can take). Every slot regex here matches only ASCII strings of bounded length, s
 
 Supported (see docs/structured-outputs.md): objects whose properties are all required
 (`additionalProperties` false or absent), strings with maxLength/minLength/pattern/enum,
-integers and numbers with bounds, booleans, null, `enum`/`const` of scalars, arrays of scalars
-with maxItems, nesting to MAX_DEPTH objects. Anything else is refused with its schema path,
-never relaxed.
+integers and numbers with bounds (inclusive or exclusive), booleans, null, `enum`/`const` of
+scalars (of the schema's `type` when one is given), arrays of scalars with maxItems, nesting to
+MAX_DEPTH objects. Anything else is refused with its schema path (a combinator such as anyOf or
+$ref by its own name), never relaxed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ MAX_DIGITS = 15  # integer digits (JSON numbers past 2^53 lose precision in most
 MAX_ITEMS = 32
 # JSON string characters a slot may use: printable ASCII but the quote and the backslash.
 STRING_CHAR = r'[ !#-\[\]-~]'
-_SCALAR_KEYS = {"type", "title", "description", "default", "examples", "$comment"}
+_SCALAR_KEYS = {"type", "title", "description", "default", "examples", "$comment", "$schema"}
+# Keywords that make a value one of several shapes, or point elsewhere: refused by name.
+_COMBINATORS = ("anyOf", "oneOf", "allOf", "not", "if", "then", "else", "$ref", "$defs", "definitions",
+                "$dynamicRef")
+_JSON_TYPES = {"string": str, "boolean": bool, "null": type(None)}
 
 
 class SchemaError(ValueError):
@@ -72,6 +77,10 @@ def compile_schema(schema: object, path: str = "schema") -> list[Part]:
 def _value(s: object, path: str, depth: int, out: list[Part], count: list[int]) -> None:
     if not isinstance(s, dict):
         raise SchemaError(path, "must be an object (a schema)")
+    for k in _COMBINATORS:
+        if k in s:
+            raise SchemaError(f"{path}.{k}", "not supported: a value has one type here (no anyOf, oneOf, allOf, not, "
+                                             "if/then/else, $ref or $defs)")
     if "enum" in s or "const" in s:
         out.append(_enum_slot(s, path))
         return
@@ -131,8 +140,20 @@ def _enum_slot(s: dict, path: str) -> Slot:
         text = json.dumps(v, ensure_ascii=True)
         if len(text) > MAX_STRING:
             raise SchemaError(where, f"values are at most {MAX_STRING} characters")
+        if not _of_type(v, s.get("type")):
+            raise SchemaError(where, f"value {text[:40]} is not of the schema's type {json.dumps(s.get('type'))[:40]}")
         texts.append(text)
     return Slot("(" + "|".join(literal(t) for t in texts) + ")", max(len(t) for t in texts), path)
+
+
+def _of_type(v: object, kind: object) -> bool:
+    """Whether an enum/const value is of the schema's `type` (no type: any)."""
+    if kind is None:
+        return True
+    if kind in ("integer", "number"):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and (
+            kind == "number" or isinstance(v, int) or float(v).is_integer())
+    return isinstance(kind, str) and kind in _JSON_TYPES and isinstance(v, _JSON_TYPES[kind])
 
 
 def scalar_slot(s: dict, path: str) -> Slot:
@@ -178,13 +199,16 @@ def _bound(s: dict, path: str, key: str):
 
 
 def _numeric(s: dict, path: str) -> Slot:
-    _only(s, path, _SCALAR_KEYS | {"minimum", "maximum"})
+    _only(s, path, _SCALAR_KEYS | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
     lo, hi = _bound(s, path, "minimum"), _bound(s, path, "maximum")
+    xlo, xhi = _bound(s, path, "exclusiveMinimum"), _bound(s, path, "exclusiveMaximum")
     if lo is not None and hi is not None and lo > hi:
         raise SchemaError(f"{path}.minimum", "must not exceed maximum")
     big = 10 ** MAX_DIGITS - 1
-    ilo = -big if lo is None else math.ceil(lo)
-    ihi = big if hi is None else math.floor(hi)
+    # The values served lie in an integer range [ilo, ihi] (numbers: with fractions below ihi),
+    # so exclusive bounds become the nearest integers strictly inside them.
+    ilo = max(-big if lo is None else math.ceil(lo), -big if xlo is None else math.floor(xlo) + 1)
+    ihi = min(big if hi is None else math.floor(hi), big if xhi is None else math.ceil(xhi) - 1)
     if ilo > ihi:
         raise SchemaError(path, "no integer lies within the bounds (fractions-only ranges are not supported)")
     if s["type"] == "integer" or ilo == ihi:

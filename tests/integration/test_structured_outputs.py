@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import grpc
 import jsonschema
 import openai
 import pytest
@@ -57,6 +58,10 @@ def test_openai_sdk_refuses_unsupported_schema_by_path(live):
             model="celeris-tiny", messages=[{"role": "user", "content": "x"}], max_tokens=64,
             response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": bad}})
     assert "response_format.json_schema.schema.properties.tags.items" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(live).completions.create(model="celeris-tiny", prompt="x", max_tokens=64, extra_body={
+            "structured_outputs": {"json": {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}}})
+    assert e.value.status_code == 400 and "structured_outputs.json.properties.a.anyOf" in str(e.value)
 
 
 def test_grpc_client_structured_output_and_refusal(live):
@@ -70,3 +75,8 @@ def test_grpc_client_structured_output_and_refusal(live):
         with pytest.raises(InvalidArgument) as e:
             c.generate("x", gen_length=16, structured_output={"regex": "a+"})
         assert "structured_output.regex" in str(e.value) and "unbounded" in str(e.value)
+        bad = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
+        with pytest.raises(InvalidArgument) as e:
+            c.generate("x", gen_length=32, structured_output={"json_schema": bad})
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.field_violations[0].field == "structured_output.json_schema.properties.n.multipleOf"

@@ -19,7 +19,7 @@ from celeris.engine.config import ModelConfig
 from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from celeris.engine.tokenizer import Tokenizer
 from celeris.engine.structured.regexes import int_range, max_width, RegexError
-from celeris.engine.structured.schema import SchemaError, compile_schema
+from celeris.engine.structured.schema import MAX_DEPTH, SchemaError, Slot, compile_schema
 
 PERSON = {"type": "object", "required": ["name", "age", "ok", "tags", "score", "color", "addr"], "properties": {
     "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -39,7 +39,31 @@ def test_int_range_matches_exactly_the_range(lo, hi):
     ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object"}, "maxItems": 2}}},
      "s.properties.tags.items"),
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": []}, "s.required"),
-    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}, "s.properties.a.type"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}, "s.properties.a.anyOf"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "string"}}}, "s.$defs"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "string"}}},
+     "s.properties.a.$ref"),
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}], "type": "string"}}}, "s.properties.a.oneOf"),
+    ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}]}}}, "s.properties.a.allOf"),
+    ({"type": ["string", "null"]}, "s.type"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 5}}}, "s.properties.a.multipleOf"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {}}, "s.patternProperties"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}, "s.minProperties"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}}, "s.properties.a.maxLength"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 5, "maxLength": 2}}},
+     "s.properties.a.minLength"),
+    ({"type": "string", "enum": ["a", 1]}, "s.enum"),
+    ({"type": "integer", "const": 1.5}, "s.const"),
+    ({"enum": [{"a": 1}]}, "s.enum"),
+    ({"enum": []}, "s.enum"),
+    ({"type": "integer", "maximum": 1e20}, "s.maximum"),
+    ({"type": "integer", "exclusiveMinimum": True}, "s.exclusiveMinimum"),
+    ({"type": "number", "minimum": 0.1, "maximum": 0.9}, "s"),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 99}, "s.maxItems"),
+    ({"type": "array", "items": [{"type": "integer"}], "maxItems": 2}, "s.items"),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 2, "uniqueItems": True}, "s.uniqueItems"),
+    ({"type": "array", "items": {"type": "string", "pattern": "[a-z]{2}"}, "maxItems": 2}, "s.items.pattern"),
+    ({"type": "object", "properties": {'a"b': {"type": "string"}}}, "s.properties"),
     ({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}, "s.properties.a.format"),
     ({"type": "array", "items": {"type": "integer"}}, "s.maxItems"),
     ({"type": "string", "pattern": "[a-z]+"}, "s.pattern"),
@@ -51,12 +75,40 @@ def test_unsupported_schemas_are_refused_by_path(schema, path):
     assert e.value.path == path
 
 
-def test_nesting_is_bounded():
-    s: dict = {"type": "integer"}
-    for _ in range(6):
-        s = {"type": "object", "properties": {"x": s}}
-    with pytest.raises(SchemaError, match="nest"):
-        compile_schema(s, "s")
+def test_nesting_is_bounded_at_the_stated_depth():
+    def nested(n: int) -> dict:
+        s: dict = {"type": "integer"}
+        for _ in range(n):
+            s = {"type": "object", "properties": {"x": s}}
+        return s
+
+    compile_schema(nested(MAX_DEPTH), "s")  # the stated depth compiles
+    with pytest.raises(SchemaError, match="nest") as e:
+        compile_schema(nested(MAX_DEPTH + 1), "s")
+    assert e.value.path == "s" + ".properties.x" * MAX_DEPTH
+
+
+# Every part of the issue's subset compiles, and what it serves validates (jsonschema checks the
+# slot regexes' every match here by sampling them with the constraint in the decoding tests).
+SUBSET = {"type": "object", "additionalProperties": False, "$schema": "https://json-schema.org/draft/2020-12/schema",
+          "required": ["s", "p", "e", "te", "i", "x", "n", "b", "z", "a", "o"], "properties": {
+              "s": {"type": "string", "minLength": 1, "maxLength": 8}, "p": {"type": "string", "pattern": "^[A-Z]{2}[0-9]$"},
+              "e": {"enum": ["a", "b"]}, "te": {"type": "string", "enum": ["x", "y"]},
+              "i": {"type": "integer", "minimum": -3, "maximum": 7},
+              "x": {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 6},
+              "n": {"type": "number", "minimum": -2.5, "exclusiveMaximum": 3}, "b": {"type": "boolean"},
+              "z": {"type": "null"}, "a": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
+              "o": {"type": "object", "properties": {"k": {"const": 1}}}}}
+
+
+def test_the_subset_compiles_and_exclusive_bounds_stay_inside():
+    parts = compile_schema(SUBSET, "s")
+    slot = {p.path: p for p in parts if isinstance(p, Slot)}
+    assert set(slot) == {f"s.properties.{k}" for k in SUBSET["required"] if k != "o"} | {"s.properties.o.properties.k"}
+    x = re.compile(slot["s.properties.x"].regex + r"\Z")
+    assert [v for v in range(-5, 15) if x.match(str(v))] == [3, 4, 5]
+    n = re.compile(slot["s.properties.n"].regex + r"\Z")
+    assert n.match("1.999999") and n.match("2") and n.match("-2") and not n.match("3") and not n.match("-2.5")
 
 
 def test_regex_width_is_bounded_before_compiling():
@@ -127,7 +179,10 @@ def test_outputs_always_validate_with_both_runners(llm):
     jobs += [(Structured("choice", ["not sure", "a/b", "x-y [z]"]), "Q:", _params(llm, 1)),
              (Structured("regex", r"[a-z]{1,8}@[a-z]{2,6}\.(com|org)"), "Mail:", _params(llm, 2)),
              (Structured("json_object"), "Obj:", _params(llm, 3))]
+    jobs += [(Structured("json_schema", SUBSET), "All:", _params(llm, s)) for s in range(2)]
     out = [r.text for r in _run(llm, jobs)]
+    for text in out[6:]:
+        jsonschema.validate(json.loads(text), SUBSET)
     for text in out[:3]:
         jsonschema.validate(json.loads(text), PERSON)
         assert text.startswith('{"name":"') and text.endswith("}")  # exactly the JSON, no filler
@@ -159,3 +214,19 @@ def test_refusals_name_the_field(llm):
         llm.build(Request(prompt="x", params=replace(llm.defaults, stop=("}",)), structured=Structured("regex", "a{1,3}")))
     with pytest.raises(InvalidRequest, match="characters"):
         llm.build(Request(prompt="x", structured=Structured("json_schema", "[" * 40_000)))
+
+
+def test_constrain_in_place_equals_the_copy_and_the_copy_leaves_the_logits_alone():
+    import torch
+    from celeris.engine.sampler import constrain
+    logits = torch.randn(2, 3, 10)
+    allowed = torch.zeros(2, 10, dtype=torch.bool)
+    allowed[0, [1, 4]] = allowed[1, 7] = True
+    flat = torch.tensor([1, 5])
+    before = logits.clone()
+    copy = constrain(logits, flat, allowed)
+    assert torch.equal(logits, before)  # a row that asks for logprobs reads the model's own
+    inplace = constrain(logits, flat, allowed, inplace=True)
+    assert torch.equal(inplace, copy) and inplace.data_ptr() == logits.data_ptr()
+    assert copy.view(6, 10)[1].isfinite().nonzero().flatten().tolist() == [1, 4]
+    assert torch.equal(copy.view(6, 10)[[0, 2, 3, 4]], before.view(6, 10)[[0, 2, 3, 4]])
