@@ -13,7 +13,7 @@ from engine.errors import EngineError, InvalidRequest
 from engine.llm import LLM
 from server import convert
 from server.errors import abort
-from server.lifecycle import Lifecycle, merged
+from server.lifecycle import Lifecycle, merged_events
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -45,7 +45,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 lives[0].fail(e)
                 await abort(context, e)
             try:
-                async for _, ev in merged(lives):
+                async for ev in merged_events(lives):
                     if isinstance(ev.formatted, Exception):  # a formatting bug: INTERNAL
                         lives[0].fail(ev.formatted)
                         await abort(context, ev.formatted)
