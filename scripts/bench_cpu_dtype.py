@@ -1,7 +1,7 @@
 """bf16 against fp32 per denoising step on the CPU, on a LLaDA-format model with the real
 126,464-token vocabulary, side by side in one run, with where each step's time goes.
 
-    python scripts/bench_cpu_dtype.py                 # batch 2, prompt 64, gen 256, block 32, median of 3
+    python scripts/bench_cpu_dtype.py                 # batch 1, d_model 256, 4 layers, prompt 64, gen 256, block 32, median of 3
     python scripts/bench_cpu_dtype.py --batch 1 --layers 4 --d-model 512
 
 The model is random (its speed, not its text, is the point): LLaDA's layout (no cache, float64
@@ -143,8 +143,8 @@ def run(model: MaskPredictor, a: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-length", type=int, default=256)
