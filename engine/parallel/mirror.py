@@ -19,8 +19,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from engine.errors import Unavailable
-from engine.model import KVCache, MaskPredictor
+from celeris.engine.errors import Unavailable
+from celeris.engine.model import KVCache, MaskPredictor
 
 
 class WorkerLost(Unavailable):

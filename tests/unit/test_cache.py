@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache import KVCacheStore
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.cache import KVCacheStore
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 from tests.helpers import random_model, tiny_config
 
 
