@@ -81,6 +81,9 @@ class RequestStream:
         self.placed = True  # it holds a place in admission (given back on close or abandon)
         self.read_at = time.monotonic()  # when the reader last took an item
         self.on_abandon: Optional[Callable[[], None]] = None  # set by a door: e.g. drop the connection
+        # Set by a door: sees each event, or the error, as the reader takes it (its telemetry),
+        # so that observing costs no extra async-generator layer per message.
+        self.observer: Optional[Callable[[object], None]] = None
 
     @property
     def lagging(self) -> bool:
@@ -98,6 +101,8 @@ class RequestStream:
         self.read_at = time.monotonic()
         if ev is DONE:
             raise StopAsyncIteration
+        if self.observer is not None:
+            self.observer(ev)
         if isinstance(ev, EngineError):
             raise ev
         return ev

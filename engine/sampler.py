@@ -122,18 +122,40 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 # ---------------------------------------------------------------- confidence measures
 
 def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
-                dtype: torch.dtype = torch.float64, measures: Optional[frozenset[str]] = None) -> torch.Tensor:
+                dtype: torch.dtype = torch.float64, measures: Optional[frozenset[str]] = None,
+                where: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W).
 
     dtype: float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published
     code keeps the logits' own dtype, so its family passes that. measures: the REMASKING names
     some row uses (None: all); the others are not computed (a top-2 and an entropy over the
     vocabulary cost more than the softmax itself), which changes no row's value.
+    where (B, W): the positions whose confidence is read (the candidates). On the CPU only those
+    are computed, the others are 0: a softmax is per position, so each value is bit for bit the
+    one computed over the whole window, and a float64 softmax over the vocabulary (a third of a
+    bf16 step at a 126k vocabulary) is paid only where it can change the result. Elsewhere
+    (CUDA) every position is computed: fixed shapes, no host synchronisation. Not with the
+    entropy measure: torch splits a lone row's sum across threads, which would change its bits.
     """
     used = frozenset(REMASK_CODE) if measures is None else measures
+    code = remask[:, None]  # (B, 1)
+    if where is not None and logits.device.type == "cpu" and "entropy" not in used:
+        B, W, V = logits.shape
+        flat = where.reshape(-1).nonzero().squeeze(-1)  # (N,) candidate positions (a host read: CPU only)
+        if flat.numel() < B * W:
+            rows = flat // W
+            u = None if u_random is None else u_random.reshape(-1)[flat][None]
+            sub = _measures(logits.reshape(B * W, V)[flat][None], x0.reshape(-1)[flat][None], remask[rows][None],
+                            u, dtype, used)  # (1, N)
+            return sub.new_zeros(B * W).index_copy_(0, flat, sub[0]).view(B, W)
+    return _measures(logits, x0, code, u_random, dtype, used)
+
+
+def _measures(logits: torch.Tensor, x0: torch.Tensor, code: torch.Tensor, u_random: Optional[torch.Tensor],
+              dtype: torch.dtype, used: frozenset[str]) -> torch.Tensor:
+    """`confidences` over (B, W, V) logits; code: each position's REMASK_CODE, broadcast to (B, W)."""
     p = F.softmax(logits.to(dtype), dim=-1)
     conf = torch.gather(p, -1, x0[..., None]).squeeze(-1)  # LLaDA low_confidence, Dream maskgit_plus
-    code = remask[:, None]
     if "margin" in used:  # Dream topk_margin
         top2 = torch.topk(p, 2, dim=-1).values
         conf = torch.where(code == REMASK_CODE["margin"], top2[..., 0] - top2[..., 1], conf)
@@ -142,6 +164,31 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
     if u_random is not None:
         conf = torch.where(code == REMASK_CODE["random"], u_random.to(dtype), conf)
     return conf
+
+
+def first_argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """`x.argmax(-1)`, the same index (the first maximum; the first NaN if any), computed as a
+    vectorised max over chunks of the last dimension, then an argmax inside the winning chunk.
+
+    torch's argmax over a long last dimension runs element by element on the CPU (at a 126k
+    vocabulary it cost more than the head's matmul in bf16); amax is vectorised. The first chunk
+    holding the maximum (or a NaN: amax and argmax both propagate it) holds its first index.
+    """
+    *lead, V = x.shape
+    flat = x.reshape(-1, V)
+    if x.device.type != "cpu" or V < 2 * chunk or flat.shape[0] == 0:
+        return x.argmax(-1)
+    whole = V - V % chunk
+    body = flat[:, :whole].view(flat.shape[0], whole // chunk, chunk)  # (R, C, K)
+    c = body.amax(-1).argmax(-1)  # (R,) the first chunk holding the row's maximum
+    inside = torch.gather(body, 1, c[:, None, None].expand(-1, 1, chunk)).squeeze(1).argmax(-1)
+    idx = c * chunk + inside
+    if whole < V:  # the tail wins only if strictly greater, or NaN where the body has none
+        tail = flat[:, whole:]
+        best, top = flat.gather(1, idx[:, None]).squeeze(1), tail.amax(-1)
+        take = (top > best) | (top.isnan() & ~best.isnan())
+        idx = torch.where(take, whole + tail.argmax(-1), idx)
+    return idx.view(lead)
 
 
 # ---------------------------------------------------------------- batched selection
@@ -178,12 +225,15 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         early = window.canvas_pos < batch.min_tokens[:, None]  # (B, W)
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
-    free = scores.argmax(-1) if batch.editing is not None else None
+    free = first_argmax(scores) if batch.editing is not None else None
     scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
-    x0 = scores.argmax(-1)  # (B, W)
+    x0 = first_argmax(scores)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
+    # Edits read the confidence of written positions too, so only a row set without editing limits
+    # the float64 softmax to the candidates.
     conf = confidences(pick if rule.conf_after_filter else logits, x0, batch.remask, u_random,
-                       rule.conf_dtype or logits.dtype, batch.measures)
+                       rule.conf_dtype or logits.dtype, batch.measures,
+                       window.candidate if free is None else None)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.

@@ -293,21 +293,26 @@ class Scheduler:
             out = exc
         return dataclasses.replace(ev, formatted=out)
 
-    def _format_and_post(self, loop: asyncio.AbstractEventLoop, events: list[StepEvent]) -> threading.Event:
-        """Formatter thread: format one step's events, hand them to the event loop to write out.
-        The returned event is set once they are in their streams."""
+    def _format_and_post(self, loop: asyncio.AbstractEventLoop, events: list[StepEvent],
+                         record: Optional[StepRecord] = None) -> threading.Event:
+        """Formatter thread: format one step's events, hand them and the step's record to the
+        event loop in one call (one wake-up of the loop per step). The returned event is set
+        once they are in their streams."""
         delivered = threading.Event()
         formatted = [self._format(ev) for ev in fold(events, self._held, self._live)]
-        if not _post(loop, self._deliver_step, formatted, delivered):
+        if not _post(loop, self._deliver_step, formatted, delivered, record):
             delivered.set()  # no loop left to deliver to: nothing to wait for
         return delivered
 
-    def _deliver_step(self, formatted: list[StepEvent], delivered: threading.Event) -> None:
+    def _deliver_step(self, formatted: list[StepEvent], delivered: threading.Event,
+                      record: Optional[StepRecord] = None) -> None:
         try:
             for ev in formatted:  # a stream cancelled meanwhile is no longer live: dropped
                 self._deliver(self._live.get(ev.ticket), ev)
         finally:
-            delivered.set()
+            delivered.set()  # the worker waits on this, not on the step's telemetry below
+            if record is not None:
+                self._stepped(record)
 
     def _stepped(self, record: StepRecord) -> None:
         self.steps += 1
@@ -373,10 +378,10 @@ class Scheduler:
                     settle()  # the steps before the failure reach their streams first
                     _post(loop, self._failed, self.core.fail_running(), exc)
                     continue
-                if record is not None:
-                    _post(loop, self._stepped, record)
                 settle()
-                previous = self._format_executor.submit(self._format_and_post, loop, events)
+                # The step's record travels with its events: telemetry runs on the loop after
+                # they are delivered, one hand-off per step, nothing of it on this thread.
+                previous = self._format_executor.submit(self._format_and_post, loop, events, record)
         finally:  # nothing a finished step produced is lost when the worker stops
             settle()
 

@@ -206,15 +206,20 @@ class Sequence:
         if self.constraint is not None and not self.skeleton_shown:  # streams show it from the first message
             committed, confidences = self._with_skeleton(committed, confidences)
         canvas, num_blocks, settled = self._view(block, block_complete)
-        generated = self._cut(canvas)
+        stop = stop_cut(canvas, self.stop_ids)  # one scan for both cuts (`_cut` adds the mask's)
+        try:
+            cut = canvas.index(self.mask_id, 0, stop)
+        except ValueError:
+            cut = stop
+        generated = canvas[:cut][:self.stop_len]
         lp = self.token_logprobs
         committed_lp = tuple(lp[c] for c in committed if c in lp) if lp else ()
         all_lp = self.generated_logprobs(len(generated)) if self.finished else ()
         return StepEvent(
             request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=self.total_steps, block=block,
             num_blocks=num_blocks, canvas=canvas, committed=committed, confidences=confidences,
-            generated=generated, visible=min(stop_cut(canvas, self.stop_ids), len(canvas) if self.stop_len is None
-                                             else self.stop_len), settled=settled, steps=self.nfe,
+            generated=generated, visible=min(stop, len(canvas) if self.stop_len is None else self.stop_len),
+            settled=settled, steps=self.nfe,
             forward_passes=self.forward_passes, seed=p.seed or 0, prompt_tokens=len(self.prompt),
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,

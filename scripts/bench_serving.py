@@ -137,14 +137,19 @@ def run_matrix(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: li
 
 
 def runner_alone(a: argparse.Namespace, llm: LLM, p: SamplingParams) -> float:
-    """Steps/s of the simulated runner in a bare loop over a full batch: the ceiling."""
+    """Steps/s of the simulated runner in a bare loop over a full batch: the ceiling. Stepped on
+    the thread that loaded the model, as `celeris serve` steps its runner (not the main thread)."""
     runner = SimulatedRunner(a.sim_batch, a.simulate_step_ms / 1000, ordinary_tokens(llm.tokenizer))
     seqs = [llm.request(x, p) for x in (TEXT_PROMPTS * a.sim_batch)[:a.sim_batch]]
     steps = p.steps
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        runner.step(seqs)
-    return steps / (time.perf_counter() - t0)
+
+    def loop() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.step(seqs)
+        return steps / (time.perf_counter() - t0)
+
+    return TENSOR_THREAD.submit(loop).result()
 
 
 def run_simulation(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: list[str], log: Path) -> dict:
@@ -198,6 +203,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--sim-batch", type=int, default=32)
     ap.add_argument("--sim-gen-length", type=int, default=256)
     ap.add_argument("--sim-mode", default=None, help="the simulation's every-step stream mode (default: delta)")
+    ap.add_argument("--sim-only", action="store_true", help="only the simulation (no cells, no engine rows)")
     ap.add_argument("--quick", action="store_true", help="smoke configuration: 1 repeat, small cells")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     a = ap.parse_args(argv)
@@ -233,7 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "no frequency or presence penalty (whatever the model defaults to)",
         "repeats": a.repeats, "modes": modes, "clients": "one process, one channel, asyncio streams"}}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp, ClientProcess() as client:
-        report["cells"] = run_matrix(a, llm, client, modes, Path(tmp))
+        report["cells"] = {} if a.sim_only else run_matrix(a, llm, client, modes, Path(tmp))
         if a.simulate_step_ms > 0:
             report["simulation"] = run_simulation(a, llm, client, modes, Path(tmp))
     report["targets"] = targets(report)

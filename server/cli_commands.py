@@ -125,7 +125,7 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
 
 def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.engine.llm import LLM
-    from celeris.engine.threads import TensorThread, configure_threads
+    from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
     from celeris.server.app import ServerSettings
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
@@ -133,6 +133,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
     threads = configure_threads(a.threads, serving=True)
+    configure_switch_interval()  # the step worker gets the GIL back soon after each step
     cfg = engine_config_from_args(a, max_batch=a.max_batch, max_queue=a.max_queue,
                                   max_prompt_tokens=a.max_prompt_tokens, max_gen_length=a.max_gen_length)
     # The model is loaded on the thread that will run every step (engine/threads.py: one OpenMP

@@ -54,15 +54,21 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         fwd = next((v for k, v in md if k == "x-forwarded-for"), None)
         guard = self.guard
 
+        def check(context) -> None:
+            guard.check(auth, context.peer(), fwd if isinstance(fwd, str) else None)
+
         def wrap(fn: Behavior, streaming: bool) -> Behavior:
             if streaming and inspect.isasyncgenfunction(fn):
                 async def guarded_stream(request, context):
                     try:
-                        guard.check(auth, context.peer(), fwd if isinstance(fwd, str) else None)
+                        check(context)
                     except EngineError as e:
                         await abort(context, e)
                     async for msg in fn(request, context):
                         yield msg
+                # An outer AccessLogInterceptor runs the check and iterates fn itself: one
+                # async-generator layer per message instead of two.
+                guarded_stream.guard_parts = (check, fn)
                 return guarded_stream
 
             async def guarded(request, context):
@@ -91,10 +97,17 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
         def wrap(fn: Behavior, streaming: bool) -> Behavior:
             # The peer is read up front: touching the context of a cancelled call is unsafe.
             if streaming and inspect.isasyncgenfunction(fn):
+                check, inner = getattr(fn, "guard_parts", (None, fn))
+
                 async def logged_stream(request, context):
                     t0, sent, code, peer = time.perf_counter(), 0, "OK", context.peer()
                     try:
-                        async for msg in fn(request, context):
+                        if check is not None:  # a GuardInterceptor's, inside this one
+                            try:
+                                check(context)
+                            except EngineError as e:
+                                await abort(context, e)
+                        async for msg in inner(request, context):
                             sent += 1
                             yield msg
                     except BaseException as e:

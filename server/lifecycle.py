@@ -98,16 +98,18 @@ class LiveRequest:
         """`Lifecycle.submit` of this one request."""
         return (await self.lifecycle.submit([self], [req], [formatter]))[0]
 
-    async def events(self) -> AsyncIterator[StepEvent]:
-        """The stream's events; an engine error mid-stream (a failed step) is recorded and raised."""
+    def events(self) -> AsyncIterator[StepEvent]:
+        """The stream's events; an engine error mid-stream (a failed step) is recorded and raised.
+        The stream itself, observed as it is read (no generator layer per message)."""
         assert self.stream is not None, "submit first"
-        try:
-            async for ev in self.stream:
-                self.obs.step(ev)
-                yield ev
-        except EngineError as e:
-            self.obs.fail(e)
-            raise
+        self.stream.observer = self._observe
+        return self.stream
+
+    def _observe(self, item: object) -> None:
+        if isinstance(item, EngineError):
+            self.obs.fail(item)
+        else:
+            self.obs.step(item)
 
     def fail(self, exc: BaseException) -> None:
         """An error the door raised itself (bad wire fields, a bug while formatting)."""
@@ -121,6 +123,14 @@ class LiveRequest:
             self.counted = False
             self.lifecycle._call_ended(self.connection)
         self.obs.end()
+
+
+def merged_events(lives: list[LiveRequest]) -> AsyncIterator[StepEvent]:
+    """The events of several live requests as they come, as `merged` without the index; one
+    request's are its own stream's (one async-generator layer less per message)."""
+    if len(lives) == 1:
+        return lives[0].events()
+    return (ev async for _, ev in merged(lives))
 
 
 async def merged(lives: list[LiveRequest]) -> AsyncIterator[tuple[int, StepEvent]]:

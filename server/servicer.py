@@ -13,7 +13,7 @@ from celeris.engine.errors import EngineError, InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.server import convert
 from celeris.server.errors import abort
-from celeris.server.lifecycle import Lifecycle, merged
+from celeris.server.lifecycle import Lifecycle, merged_events
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -45,7 +45,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 lives[0].fail(e)
                 await abort(context, e)
             try:
-                async for _, ev in merged(lives):
+                async for ev in merged_events(lives):
                     if isinstance(ev.formatted, Exception):  # a formatting bug: INTERNAL
                         lives[0].fail(ev.formatted)
                         await abort(context, ev.formatted)

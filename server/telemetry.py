@@ -119,6 +119,13 @@ def make_tracer_provider(exporter: str = "auto", extra: Optional[SpanExporter] =
     return provider
 
 
+def exports_spans(provider: TracerProvider) -> bool:
+    """Whether spans of `provider` reach any processor (an exporter, a test's in-memory one);
+    True where that cannot be told."""
+    processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
+    return processors is None or len(processors) > 0
+
+
 def thread_cpu_clock(ident: int) -> Callable[[], float]:
     """A reader of one thread's CPU seconds that any thread may call (a scrape runs in its own);
     NaN where the platform has no per-thread CPU clocks or the thread has ended."""
@@ -272,6 +279,8 @@ class Telemetry:
         m.forward_passes.inc(s.forwards)
         m.steps.inc()
         m.tokens_per_forward.observe(s.committed)
+        if not exports_spans(self.provider):  # a step's span links every request it served:
+            return  # O(batch) on the event loop each step, built only where someone receives it
         links = [Link(self.spans[t].get_span_context()) for t in record.tickets if t in self.spans]
         span = self.tracer.start_span("celeris.denoise_step", links=links, start_time=int(record.started * 1e9),
                                       context=trace.set_span_in_context(trace.INVALID_SPAN))

@@ -1,0 +1,190 @@
+"""bf16 against fp32 per denoising step on the CPU, on a LLaDA-format model with the real
+126,464-token vocabulary, side by side in one run, with where each step's time goes.
+
+    python scripts/bench_cpu_dtype.py                 # batch 1, d_model 256, 4 layers, prompt 64, gen 256, block 32, median of 3
+    python scripts/bench_cpu_dtype.py --batch 1 --layers 4 --d-model 512
+
+The model is random (its speed, not its text, is the point): LLaDA's layout (no cache, float64
+confidences, x0 from the raw logits) with tiny layers, so the vocabulary-sized work (the head,
+selection over the window) weighs as it does beside a real model's first layers on a CPU. Both
+dtypes step the same requests through `celeris.engine.runner.Runner` (gen_length 256, steps 256: one
+token a step, fixed schedule, low_confidence), alternating fp32 and bf16 runs; each run times
+`--steps` steps after a warm-up, and the run with the median step time is reported whole.
+
+Per-part split (milliseconds per step, wall time, measured by timing wrappers around the
+runner's calls): `layers` = the transformer blocks, `head` = the LM head over the window,
+`select` = `sampler.select_tokens` (of which `conf` = `sampler.confidences`), `order` =
+`published_order` (the published tie order, CPU), `rest` = everything else in the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import celeris.engine.runner as runner_mod  # noqa: E402
+import celeris.engine.sampler as sampler_mod  # noqa: E402
+from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from celeris.engine.model import MaskPredictor  # noqa: E402
+from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.runner import Runner  # noqa: E402
+from celeris.engine.sequence import Sequence  # noqa: E402
+
+VOCAB = 126_464  # LLaDA-8B's vocabulary (and embedding) size
+
+
+def llada_shape(d_model: int, layers: int) -> ModelConfig:
+    heads = max(1, d_model // 64)
+    return ModelConfig(d_model=d_model, n_heads=heads, n_kv_heads=heads, n_layers=layers,
+                       mlp_hidden_size=3 * d_model, vocab_size=VOCAB, embedding_size=VOCAB,
+                       rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081, name="llada-shape-random")
+
+
+def random_model(cfg: ModelConfig, dtype: torch.dtype) -> MaskPredictor:
+    torch.manual_seed(0)
+    model = MaskPredictor(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+class Clock:
+    """Wall time per named part, summed over the timed steps."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.on = False
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total[name] += time.perf_counter() - t0
+        return timed
+
+
+@contextlib.contextmanager
+def patched(clock: Clock, model: MaskPredictor):
+    """Timing wrappers around the parts of a step (restored on exit)."""
+    saved = [(runner_mod, "select_tokens"), (runner_mod, "published_order"), (sampler_mod, "confidences")]
+    old = [getattr(m, n) for m, n in saved]
+    names = ["select", "order", "conf"]
+    for (m, n), fn, name in zip(saved, old, names):
+        setattr(m, n, clock.wrap(name, fn))
+    blocks = model.transformer.blocks
+    old_fwd = [b.forward for b in blocks]
+    for b, f in zip(blocks, old_fwd):
+        b.forward = clock.wrap("layers", f)
+    model.head = clock.wrap("head", MaskPredictor.head.__get__(model))
+    try:
+        yield
+    finally:
+        for (m, n), fn in zip(saved, old):
+            setattr(m, n, fn)
+        for b in blocks:
+            del b.forward
+        del model.head
+
+
+def run(model: MaskPredictor, a: argparse.Namespace) -> dict[str, Any]:
+    """`a.steps` timed steps of `a.batch` requests after `a.warmup`: ms per step, by part."""
+    cfg = EngineConfig(max_batch=a.batch, max_prompt_tokens=a.prompt_len, max_gen_length=a.gen_length)
+    runner = Runner(model, cfg)
+    params = SamplingParams(gen_length=a.gen_length, steps=a.gen_length, block_length=a.block_length, seed=0,
+                            stop_at_eos=False).validate(a.gen_length)
+
+    def fresh(i: int) -> Sequence:
+        s = Sequence(f"r{i}", [5 + i] * a.prompt_len, params, model.cfg.mask_token_id, frozenset())
+        s.slot = i
+        runner.load(s)
+        return s
+
+    seqs = [fresh(i) for i in range(a.batch)]
+
+    def step() -> None:
+        results, _ = runner.step(seqs)
+        for i, r in enumerate(results):
+            seqs[i].apply(r.positions, r.tokens, r.confidences)
+            if seqs[i].finished:
+                seqs[i] = fresh(i)
+
+    clock = Clock()
+    with patched(clock, model):
+        for _ in range(a.warmup):
+            step()
+        clock.on = True
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            step()
+        wall = time.perf_counter() - t0
+    ms = {k: 1000 * v / a.steps for k, v in clock.total.items()}
+    step_ms = 1000 * wall / a.steps
+    parts = {k: ms.get(k, 0.0) for k in ("layers", "head", "select", "conf", "order")}
+    parts["rest"] = step_ms - parts["layers"] - parts["head"] - parts["select"] - parts["order"]
+    return {"step_ms": step_ms, **{f"{k}_ms": round(v, 2) for k, v in parts.items()}}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-length", type=int, default=256)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=24, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = llada_shape(a.d_model, a.layers)
+    models = {"float32": random_model(cfg, torch.float32), "bfloat16": random_model(cfg, torch.bfloat16)}
+    runs: dict[str, list[dict]] = {k: [] for k in models}
+    with torch.inference_mode():
+        for rep in range(a.repeats):
+            for name, model in models.items():  # alternating, so both see the same load
+                runs[name].append(run(model, a))
+                print(f"repeat {rep + 1}/{a.repeats} {name}: {runs[name][-1]['step_ms']:.1f} ms a step", flush=True)
+    med = {k: sorted(v, key=lambda r: r["step_ms"])[len(v) // 2] for k, v in runs.items()}
+    ratio = med["float32"]["step_ms"] / med["bfloat16"]["step_ms"]
+    load = os.getloadavg()
+    cond = {"model": f"LLaDA layout, random, d_model {a.d_model}, {a.layers} layers, vocab {VOCAB}",
+            "batch": a.batch, "prompt_len": a.prompt_len, "gen_length": a.gen_length, "block_length": a.block_length,
+            "steps_timed": a.steps, "repeats": a.repeats, "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "load_avg_1m": round(load[0], 2)}
+    print(json.dumps(cond))
+    head = f"{'dtype':9}" + "".join(f"{k:>9}" for k in ("step", "layers", "head", "select", "conf", "order", "rest"))
+    print(head)
+    for name, r in med.items():
+        print(f"{name:9}{r['step_ms']:9.1f}" + "".join(f"{r[k + '_ms']:9.1f}"
+                                                       for k in ("layers", "head", "select", "conf", "order", "rest")))
+    print(f"fp32 / bf16 per step: {ratio:.2f}x (median of {a.repeats}; every run: "
+          + ", ".join(f"{k} {statistics.median(r['step_ms'] for r in v):.1f} ms" for k, v in runs.items()) + ")")
+    if a.json:
+        a.json.write_text(json.dumps({"conditions": cond, "median": med, "runs": runs, "ratio": ratio}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
