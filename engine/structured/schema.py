@@ -252,7 +252,7 @@ def _array_slot(s: dict, path: str) -> Slot:
 def json_object_slot(max_bytes: int) -> Slot:
     """`json_object` with no schema: a flat object of short keys and scalar values, as many
     members as fit in max_bytes."""
-    key = f'"[a-zA-Z_][a-zA-Z0-9_]{{0,15}}"'
+    key = '"[a-zA-Z_][a-zA-Z0-9_]{0,15}"'
     value = f'(-?[0-9]{{1,9}}|"{STRING_CHAR}{{0,24}}"|true|false|null)'
     member_bytes = 18 + 1 + 26 + 1
     n = max(0, (max_bytes - 2) // member_bytes)
