@@ -10,9 +10,12 @@ batches all running requests whatever block each is at, in at most two forwards:
   block. A denoise row then commits tokens (`sampler.select_tokens`, the published rules); a
   store row (its block just finished) writes the block's keys/values to the cache.
 
-Fresh positions replace nothing: their keys/values are scattered at their columns of a copy
-of each row's cached prefix, padded positions of shorter rows land in scratch columns no real
-query sees. Selection is the full-canvas runner's (`sampler.select_tokens` over a
+Fresh positions replace nothing: their keys/values are written in place at their columns of
+the slot's cache (a prefill's and a store row's for good; a denoise row's are rewritten by its
+block's store step), padded positions of shorter rows in scratch columns no real query sees, and
+attention reads each row's prefix where it lies (`cache.BlockCache`). On CUDA the block forward
+runs at static shapes (batch buckets, `attention.Spans` masks, the MoE's every-expert path) and
+replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the full-canvas runner's (`sampler.select_tokens` over a
 `SamplingBatch`) under the family's rule; the contract is `runner_api.StepRunner`.
 """
 

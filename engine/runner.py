@@ -294,7 +294,7 @@ class Runner:
         graph's static output: read before the next replay."""
         harmless = torch.zeros_like(geo)
         harmless[IDX], harmless[LENGTH], harmless[GEN_LEN] = self.slots, 1, 1  # the spare row
-        if mode != "full":
+        if mode not in ("full", "cfg"):
             self._cache_store()  # allocated outside the capture
         return self._graphs.run((mode, b), (geo, scale),
                                 lambda g, sc: self._forward(mode, b, self._view(b, g), g, sc),

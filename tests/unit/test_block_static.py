@@ -68,3 +68,20 @@ def test_every_expert_agrees_with_the_chosen_experts(tmp_path):
     loop = moe(x)
     moe.static = True
     torch.testing.assert_close(moe(x), loop, rtol=1e-5, atol=1e-5)
+
+
+def test_block_cache_writes_in_place_and_reads_views_of_the_store():
+    from engine.cache import BlockCache, BlockKVStore
+    from engine.config import ModelConfig
+    cfg = ModelConfig(arch="sdar", d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
+                      vocab_size=64, embedding_size=64, mask_token_id=3, eos_token_id=2, block_length=4)
+    store = BlockKVStore(cfg, rows=3, max_len=16, device=torch.device("cpu"), dtype=torch.float32, scratch=4)
+    slots, cols = torch.tensor([2, 0]), torch.tensor([[4, 5, 6, 7], [8, 9, 16, 17]])  # row 1: two padded -> scratch
+    k, v = torch.randn(2, 2, 4, cfg.head_dim), torch.randn(2, 2, 4, cfg.head_dim)
+    keys, values = BlockCache(store, slots, cols, 16, rows=[(2, 8), (0, 10)]).attach(0, k, v)
+    assert torch.equal(store.keys[0][2, :, 4:8], k[0]) and torch.equal(store.values[0][0, :, 8:10], v[1, :, :2])
+    assert torch.equal(store.keys[0][0, :, 16:18], k[1, :, 2:])  # padded positions: scratch columns
+    assert keys[0].shape == (1, 2, 8, cfg.head_dim) and keys[1].shape == (1, 2, 10, cfg.head_dim)
+    assert keys[0].untyped_storage().data_ptr() == store.keys[0].untyped_storage().data_ptr()  # a view, no copy
+    batched, _ = BlockCache(store, slots, cols, 12).attach(0, k, v)  # the static path: (B, Hk, length, Dh)
+    assert batched.shape == (2, 2, 12, cfg.head_dim) and torch.equal(batched[0], store.keys[0][2, :, :12])
