@@ -62,6 +62,8 @@ class BlockRunner:
         self.static = self.device.type == "cuda"
         self._graphs = GraphCache()
         self._graphed = False
+        cfg = model.cfg  # a graphed MoE step computes every expert: E/k times the expert work
+        self._graph_cost = max(1, cfg.num_experts // cfg.experts_per_token) if cfg.num_experts else 1
 
     @property
     def static(self) -> bool:
@@ -142,7 +144,7 @@ class BlockRunner:
         if static:
             Lk = min(self.config.bucket_length(Lc), self.max_len)
             inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1), causal)
-            self._graphed = self.use_graphs and use_graph(Bp * Wq, self.config.graph_max_tokens)
+            self._graphed = self.use_graphs and use_graph(Bp * Wq * self._graph_cost, self.config.graph_max_tokens)
             if self._graphed:
                 logits = self._graphs.run((Bp, Wq, Lk), inputs, lambda *x: self._static_forward(Lk, *x),
                                           self._harmless(Bp, Wq))

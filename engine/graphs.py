@@ -19,7 +19,7 @@ class GraphCache:
     """One captured graph per key: `run(key, inputs, fn)` returns fn(*inputs)'s output, replayed."""
 
     def __init__(self):
-        self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], object]] = {}
+        self.graphs: dict[Hashable, tuple[Callable[[], None], tuple[torch.Tensor, ...], object]] = {}
 
     def __len__(self) -> int:
         return len(self.graphs)
@@ -35,21 +35,35 @@ class GraphCache:
         the warm-up and capture. The output is static: read it before the next replay."""
         if key not in self.graphs:
             static = tuple(h.clone() for h in harmless)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside the graph (allocator, kernels)
-                for _ in range(2):
-                    fn(*static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = fn(*static)
-            self.graphs[key] = (graph, static, out)
-        graph, static, out = self.graphs[key]
+            replay, out = self.capture(fn, static)
+            self.graphs[key] = (replay, static, out)
+        replay, static, out = self.graphs[key]
         for s, x in zip(static, inputs):
             s.copy_(x)
-        graph.replay()
+        replay()
         return out
+
+    @staticmethod
+    def capture(fn: Callable, static: tuple[torch.Tensor, ...]) -> tuple[Callable[[], None], object]:
+        """(replay, static output) of fn over the static inputs: a CUDA graph. (`eager_capture`
+        stands in for it on the CPU, to run the whole graph path without a device.)"""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph (allocator, kernels)
+            for _ in range(2):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*static)
+        return graph.replay, out
+
+
+def eager_capture(fn: Callable, static: tuple[torch.Tensor, ...]) -> tuple[Callable[[], None], object]:
+    """The CPU rehearsal of `GraphCache.capture`: fn runs over the static inputs and each replay
+    reruns it, writing the one static output in place as a graph's replay would."""
+    out = fn(*static)
+    return (lambda: out.copy_(fn(*static))), out
 
 
 def use_graph(tokens: int, max_tokens: int) -> bool:

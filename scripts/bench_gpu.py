@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(Path(__file__).resolve().pa
 from engine.block_runner import BlockRunner  # noqa: E402
 from engine.block_sequence import BlockSequence  # noqa: E402
 from engine.config import EngineConfig, ModelConfig  # noqa: E402
+from engine.graphs import eager_capture  # noqa: E402
 from engine.model import MaskPredictor  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from engine.runner import Runner  # noqa: E402
@@ -98,6 +99,9 @@ def measure(model: MaskPredictor, batch: int, graphs: bool, cache: str, block: i
                        max_gen_length=a.gen_length, cuda_graphs=graphs, graph_max_tokens=a.graph_max_tokens,
                        kv_cache="none" if is_block else cache, dtype=str(model.dtype).replace("torch.", ""))
     runner = (BlockRunner if is_block else Runner)(model, cfg)
+    if graphs and device.type == "cpu":  # the smoke run rehearses the graph path eagerly
+        runner._graphs.capture = eager_capture
+        runner.use_graphs = runner.static = True
     params = SamplingParams(gen_length=a.gen_length, steps=a.gen_length // per_step, block_length=block,
                             seed=0, stop_at_eos=False).validate(a.gen_length)
     kind = BlockSequence if is_block else Sequence
@@ -132,7 +136,7 @@ def measure(model: MaskPredictor, batch: int, graphs: bool, cache: str, block: i
         committed, graphed = committed + c, graphed or g
     wall = time.perf_counter() - t_all
     row = {"phase": "step", "model": model.cfg.name, "cache": cache, "batch": batch, "block_length": block,
-           "tokens_per_step": per_step, "cuda_graphs": graphed, "median_step_ms": round(1e3 * statistics.median(times), 3),
+           "tokens_per_step": per_step, "graphs_setting": graphs, "cuda_graphs": graphed, "median_step_ms": round(1e3 * statistics.median(times), 3),
            "tokens_per_s": round(committed / wall, 1), "graphs_captured": len(runner._graphs)}
     if device.type == "cuda":
         row["graph_pool_mb"] = round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1) if graphs else 0.0
@@ -169,7 +173,7 @@ def git_commit() -> str:
 def pick(rows: list[dict], model: str, cache: str, batch: int, graphs: bool, key: str):
     for r in rows:
         if (r.get("phase") == "step" and r["model"] == model and r["cache"] == cache and r["batch"] == batch
-                and r["cuda_graphs"] == graphs):
+                and r["graphs_setting"] == graphs):
             return r[key]
     return None
 
@@ -184,7 +188,7 @@ def targets(rows: list[dict]) -> dict:
     sdar, llada = SDAR_8B.name, LLADA_8B.name
     ratios = []
     for r in rows:
-        if r.get("phase") == "step" and not r["cuda_graphs"]:
+        if r.get("phase") == "step" and not r["graphs_setting"]:
             g = pick(rows, r["model"], r["cache"], r["batch"], True, "median_step_ms")
             if g is not None and r["median_step_ms"] > 0:
                 ratios.append(round(g / r["median_step_ms"], 3))
@@ -202,6 +206,25 @@ def targets(rows: list[dict]) -> dict:
     }
 
 
+def crossover(rows: list[dict]) -> dict:
+    """Per model and cache mode: graphs / eager step time at each batch measured, and the first
+    batch where graphs are more than 3% slower (None: never). With graphs on, a row above the
+    bucket policy's graph_max_tokens runs eager (its `cuda_graphs` says what ran)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r.get("phase") != "step" or r["graphs_setting"]:
+            continue
+        g = next((x for x in rows if x.get("phase") == "step" and x["graphs_setting"] and x["model"] == r["model"]
+                  and x["cache"] == r["cache"] and x["batch"] == r["batch"]), None)
+        if g is not None:
+            entry = out.setdefault(f"{r['model']}/{r['cache']}", {"ratios": {}, "first_slower_batch": None})
+            ratio = round(g["median_step_ms"] / r["median_step_ms"], 3)
+            entry["ratios"][str(r["batch"])] = ratio
+            if ratio > 1.03 and entry["first_slower_batch"] is None:
+                entry["first_slower_batch"] = r["batch"]
+    return out
+
+
 def step_phase(a, device: str, dtype: torch.dtype, start: float, rows: list, skipped: list, save) -> None:
     for key, cache, block, per_step, batches in PLAN:
         if a.models and key not in a.models:
@@ -212,7 +235,7 @@ def step_phase(a, device: str, dtype: torch.dtype, start: float, rows: list, ski
             continue
         model = random_model(cfg, device, dtype)
         for batch in batches if not a.smoke else batches[:2]:
-            for graphs in ((False, True) if device == "cuda" else (False,)):
+            for graphs in (False, True):  # (on the CPU, graphs on is the eager rehearsal of that path)
                 if time.monotonic() - start > a.budget_s:
                     skipped.append(f"{cfg.name} {cache} batch {batch} graphs {graphs}: over budget")
                     continue
@@ -257,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         report["targets"] = targets(rows)
+        report["graph_crossover"] = crossover(rows)
         report["wall_s"] = round(time.monotonic() - start, 1)
         if a.json:
             a.json.write_text(json.dumps(report, indent=2) + "\n")

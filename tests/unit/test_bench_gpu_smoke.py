@@ -31,7 +31,11 @@ def test_step_phase_smoke_report(tmp_path):
         assert key in cond
     rows = report["rows"]
     assert {r["model"] for r in rows} == {"tiny-sdar-random", "tiny-llada2-random"}
-    assert all(r["median_step_ms"] > 0 and r["tokens_per_s"] > 0 and r["cuda_graphs"] is False for r in rows)
+    assert all(r["median_step_ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert {(r["batch"], r["graphs_setting"]) for r in rows} == {(1, False), (1, True), (8, False), (8, True)}
+    assert all(r["cuda_graphs"] == r["graphs_setting"] and (r["graphs_captured"] > 0) == r["graphs_setting"]
+               for r in rows)  # the graph path, rehearsed eagerly on the CPU
+    assert set(report["graph_crossover"]) == {"tiny-sdar-random/exact", "tiny-llada2-random/exact"}
     for t in report["targets"].values():
         assert set(t) == {"measured", "goal", "met"} and isinstance(t["met"], bool)
 
