@@ -24,18 +24,18 @@ export PYTHONUNBUFFERED=1
 START=$(date +%s)
 SMOKE="${CELERIS_GPU_CHECK_SMOKE:-}"
 
-# Phase 1: tests/gpu (skipped without CUDA), 150 s.
+# Phase 1: tests/gpu (skipped without CUDA), 180 s.
 TESTS=(tests/gpu)
 [ -n "$SMOKE" ] && TESTS=(tests/gpu/test_graph_modes.py)
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}" \
+timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}" \
   >"$WORK/tests.txt" 2>&1
 echo $? >"$WORK/tests.rc"
 tail -5 "$WORK/tests.txt"
 
-# Phase 2: the benchmark, 300 s (rows stop starting at its budget; the served phase follows).
-BENCH_ARGS=(--json "$WORK/bench.json" --budget-s 190)
+# Phase 2: the benchmark, 270 s (step rows stop starting after 160 s; the served phase follows).
+BENCH_ARGS=(--json "$WORK/bench.json" --budget-s 160)
 [ -n "$SMOKE" ] && BENCH_ARGS=(--smoke --json "$WORK/bench.json")
-timeout 300 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2>&1
+timeout 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2>&1
 echo $? >"$WORK/bench.rc"
 tail -3 "$WORK/bench.txt"
 
