@@ -46,6 +46,31 @@ class KVCacheStore:
         return KVCache(keys, values, key_mask, fresh)
 
 
+@dataclass
+class CanvasCache:
+    """One cached full-canvas forward's view of a `KVCacheStore`: the fresh keys/values are
+    written in place at their columns of each row's slot (every cached step of a block recomputes
+    those columns, and the next block's store step rewrites the whole row, so nothing stale is
+    ever read), and attention reads the rows' last L columns: on the CPU (`rows`: the slots as
+    host ints, with padding) as views of the store, one row at a time; else one gather per layer."""
+
+    store: KVCacheStore
+    slots: torch.Tensor  # (B,)
+    fresh: torch.Tensor  # (B, F) batch columns (of the last L) of the fresh positions
+    L: int
+    key_mask: Optional[torch.Tensor]  # (B, L) False at padding; None when there is none
+    rows: Optional[list[int]] = None
+
+    def attach(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        K, V = self.store.keys[layer], self.store.values[layer]
+        first = self.store.max_len - self.L
+        K[self.slots[:, None], :, first + self.fresh] = k.transpose(1, 2)  # (B, F, Hk, Dh) at (slot, col)
+        V[self.slots[:, None], :, first + self.fresh] = v.transpose(1, 2)
+        if self.rows is not None and self.key_mask is not None:
+            return [K[s:s + 1, :, first:] for s in self.rows], [V[s:s + 1, :, first:] for s in self.rows]
+        return K[:, :, first:].index_select(0, self.slots), V[:, :, first:].index_select(0, self.slots)
+
+
 class BlockKVStore(KVCacheStore):
     """The exact cache of block-diffusion models: per slot, the keys/values of every committed
     block at its absolute column (left-aligned, column = position). A forward writes its fresh

@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional, Sequence as Seq
 
 import torch
 
-from engine.cache import KVCacheStore
+from engine.cache import CanvasCache, KVCacheStore
 from engine.config import EngineConfig
 from engine.family import Family, family_of
 from engine.graphs import GraphCache, use_graph
@@ -221,7 +221,10 @@ class Runner:
         """The window's logits (B, W, V) of one bucket; a cache block's first step stores its
         keys/values. Fixed shapes, no host sync on CUDA: what a CUDA graph captures, every mode."""
         if mode.startswith("cached"):
-            return self._cached_logits(v, geo[IDX], b.fresh, b.W, mode.endswith("-lead"))
+            # A dual row's fresh columns stop at its own block: past it (a wider block in the
+            # batch) they repeat its last block column, so the cached suffix stays as stored.
+            last = (v.start + geo[BLOCK_LEN] - 1) if mode.startswith("cached-dual") else None
+            return self._cached_logits(v, geo[IDX], b.fresh, b.W, mode.endswith("-lead"), last)
         if mode == "store":
             logits, kvs = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=v.out_index,
                                      return_kv=True)
@@ -258,7 +261,8 @@ class Runner:
         self.canvas[geo[IDX], self.max_len - L:] = ids
         return row_results(sel, new, candidate, batch, logits)  # logprobs: the model's own logits
 
-    def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool) -> torch.Tensor:
+    def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool,
+                       last: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Recompute only the fresh columns — the block (dual) or block to end (prefix) — over
         the row's cached keys/values, which hold the rest from the block's first step.
 
@@ -269,12 +273,15 @@ class Runner:
         L = v.ids.shape[1]
         lead = int(lead)
         f = torch.arange(fresh, device=self.device)
-        fresh_cols = (v.start[:, None] - lead + f[None, :]).clamp(max=L - 1)  # (B, F)
-        # Columns past a row's end repeat its last column; their duplicate keys are masked off
-        # by writing them where the real last column already is (same value, same column).
+        first = v.start[:, None] - lead
+        end = L - 1 if last is None else torch.maximum(last, v.start - lead).clamp(max=L - 1)[:, None]
+        fresh_cols = torch.minimum(first + f[None, :], torch.as_tensor(end, device=self.device))  # (B, F)
+        # Columns past a row's end (or its block, dual) repeat its last column; their duplicate
+        # keys are written where that column's already are (same token, same position).
         fresh_ids = torch.gather(v.ids, 1, fresh_cols)
         fresh_pos = torch.gather(v.positions, 1, fresh_cols)
-        cache = self.kv.read(idx, L, v.valid, fresh_cols)
+        rows = idx.tolist() if self.device.type == "cpu" else None  # CPU: attention over views, row by row
+        cache = CanvasCache(self.kv, idx, fresh_cols, L, v.valid, rows)
         logits = self.model(fresh_ids, positions=fresh_pos, cache=cache)  # (B, F, V)
         return logits[:, lead:lead + W]  # the block opens the fresh window
 

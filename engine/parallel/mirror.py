@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from engine.cache import BlockCache
+from engine.cache import BlockCache, CanvasCache
 from engine.errors import Unavailable
 from engine.model import KVCache, MaskPredictor
 
@@ -163,6 +163,8 @@ class MirroredModel(nn.Module):
             remote = None
         elif isinstance(cache, BlockCache):
             remote = ("block", cache.slots, cache.cols, cache.length, cache.rows)
+        elif isinstance(cache, CanvasCache):
+            remote = ("canvas", cache.slots, cache.fresh, cache.L, cache.key_mask, cache.rows)
         else:
             remote = (cache.key_mask, cache.fresh)
         self.channel.send("forward", (ids, kw, remote))

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from engine.cache import BlockCache, BlockKVStore, KVCacheStore
+from engine.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
 from engine.model import KVCache
 from engine.parallel.group import Plan, init_group, worker_store
 from engine.parallel.mirror import to_device
@@ -38,8 +38,10 @@ def follow(conn, model, device) -> None:
             ids, kw, cached = payload
             if cached is None:
                 cache = None
-            elif cached[0] == "block":  # this rank's own block store, written in place
+            elif cached[0] == "block":  # this rank's own store, written in place
                 cache = BlockCache(store, *cached[1:])
+            elif cached[0] == "canvas":
+                cache = CanvasCache(store, *cached[1:])
             else:
                 cache = KVCache(pending[0], pending[1], cached[0], cached[1])
             out = model(ids, cache=cache, **kw)
