@@ -72,12 +72,16 @@ class BlockRunner:
     @static.setter
     def static(self, on: bool) -> None:
         self._static = on
-        # The MoE layers compute every expert at a static shape inside a graph capture; on the
-        # CPU the static path does so eagerly, where tests compare it with the expert loop. (An
-        # eager CUDA step keeps the loop: a launch per chosen expert, not per expert.)
-        for m in self.model.modules():
-            if isinstance(m, MoE):
-                m.static = on and self.device.type == "cpu"
+        # The MoE layers compute every expert at a static shape in a graph (its warm-up and
+        # capture); on the CPU the static path does so eagerly, where tests compare it with the
+        # expert loop. (An eager CUDA step keeps the loop: a launch per chosen expert.)
+        self._set_moe_static(on and self.device.type == "cpu")
+
+    def _set_moe_static(self, on: bool) -> None:
+        if not hasattr(self, "_moes"):  # found once: a MoE model holds thousands of modules
+            self._moes = [m for m in self.model.modules() if isinstance(m, MoE)]
+        for m in self._moes:
+            m.static = on
 
     @property
     def forward_overhead_tokens(self) -> int:
@@ -146,8 +150,12 @@ class BlockRunner:
             inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1), causal)
             self._graphed = self.use_graphs and use_graph(Bp * Wq * self._graph_cost, self.config.graph_max_tokens)
             if self._graphed:
-                logits = self._graphs.run((Bp, Wq, Lk), inputs, lambda *x: self._static_forward(Lk, *x),
-                                          self._harmless(Bp, Wq))
+                self._set_moe_static(True)  # the warm-up runs the captured path too
+                try:
+                    logits = self._graphs.run((Bp, Wq, Lk), inputs, lambda *x: self._static_forward(Lk, *x),
+                                              self._harmless(Bp, Wq))
+                finally:
+                    self._set_moe_static(self._static and self.device.type == "cpu")
             else:
                 logits = self._static_forward(Lk, *inputs)
         else:

@@ -23,6 +23,7 @@ def run(tmp_path: Path, *args: str) -> dict:
         sys.path.remove(str(SCRIPTS))
 
 
+@pytest.mark.slow
 def test_step_phase_smoke_report(tmp_path):
     report = run(tmp_path, "--phases", "step", "--models", "sdar,llada2")
     cond = report["conditions"]

@@ -41,6 +41,7 @@ def test_static_path_decodes_what_the_per_row_path_decodes_in_a_mixed_batch(fold
     assert decode(folder, True, prompts, KNOBS) == decode(folder, False, prompts, KNOBS)
 
 
+@pytest.mark.slow
 def test_static_path_is_batch_invariant_in_tokens(folder):
     alone = decode(folder, True, PROMPTS[1:2], [{}])
     together = decode(folder, True, PROMPTS, [{}] * 3)

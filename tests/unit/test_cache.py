@@ -140,6 +140,7 @@ def test_dream_lead_column_dual_cache_is_exact_for_one_layer(tmp_path):
     assert outs[0] == outs[1]
 
 
+@pytest.mark.slow
 def test_dual_cache_row_decodes_alone_what_it_decodes_beside_a_wider_block(tiny_model_dir):
     """The fresh columns a wider block in the batch adds past a row's own block repeat its last
     block column, so the row's cached suffix (written in place by nobody else) stays as stored."""

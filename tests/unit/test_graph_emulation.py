@@ -28,14 +28,17 @@ def full_canvas(folder, graphs: bool, cache: str, knobs: dict) -> tuple[list[lis
     return out, len(llm.runner._graphs)
 
 
-@pytest.mark.parametrize("cache,knobs", [("none", {}), ("prefix", {}), ("dual", {"threshold": 0.5}),
-                                         ("dual", {"cfg_scale": 1.0}), ("none", {"logprobs": 2})])
+@pytest.mark.parametrize("cache,knobs", [
+    ("dual", {"threshold": 0.5}),
+    *(pytest.param(c, k, marks=pytest.mark.slow)
+      for c, k in [("none", {}), ("prefix", {}), ("dual", {"cfg_scale": 1.0}), ("none", {"logprobs": 2})])])
 def test_full_canvas_graph_path_decodes_what_eager_decodes(emulated, tiny_model_dir, cache, knobs):
     graphed, captured = full_canvas(tiny_model_dir, True, cache, knobs)
     assert captured > 0
     assert graphed == full_canvas(tiny_model_dir, False, cache, knobs)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", [write_sdar_checkpoint, write_llada2_checkpoint])
 def test_block_graph_path_decodes_what_eager_decodes(emulated, tmp_path, write):
     folder = write(tmp_path, seed=0)

@@ -29,6 +29,7 @@ def test_bucket_shapes_decode_what_exact_shapes_decode(tiny_model_dir, cache, kn
     assert decode(tiny_model_dir, True, cache, knobs) == decode(tiny_model_dir, False, cache, knobs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_bucket_shapes_decode_what_exact_shapes_decode(tiny_model_dir, cache):
     assert decode(tiny_model_dir, True, cache, {}) == decode(tiny_model_dir, False, cache, {})
