@@ -3,10 +3,10 @@
 Never imports `engine` or `server` and never pulls in torch (see DESIGN.md).
 """
 
-from clients.client import AsyncCelerisClient, CelerisClient
-from clients.errors import (CelerisError, DeadlineExceeded, FieldViolation, InvalidArgument, Overloaded,
+from celeris_client.client import AsyncCelerisClient, CelerisClient
+from celeris_client.errors import (CelerisError, DeadlineExceeded, FieldViolation, InvalidArgument, Overloaded,
                             RetryPolicy, Unauthenticated, Unavailable)
-from clients.types import Defaults, Limits, ModelInfo, Result, Snapshot, Token, Tokenization, Usage
+from celeris_client.types import Defaults, Limits, ModelInfo, Result, Snapshot, Token, Tokenization, Usage
 
 __all__ = [
     "AsyncCelerisClient", "CelerisClient", "CelerisError", "DeadlineExceeded", "Defaults", "FieldViolation",

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
-from clients.client import AsyncCelerisClient
-from clients.errors import CelerisError
-from clients.progress import Progress, fmt_seconds, percentile
-from clients.types import KNOBS, Prompt, build_request
+from celeris_client.client import AsyncCelerisClient
+from celeris_client.errors import CelerisError
+from celeris_client.progress import Progress, fmt_seconds, percentile
+from celeris_client.types import KNOBS, Prompt, build_request
 
 INPUT_KEYS = ("prompt", "messages", "token_ids")
 

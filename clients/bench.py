@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Protocol
 
-from clients.client import AsyncCelerisClient
-from clients.progress import Progress, percentile
+from celeris_client.client import AsyncCelerisClient
+from celeris_client.progress import Progress, percentile
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sea rolls in under a grey sky. "
 DECODER_KNOBS = ("temperature", "remasking", "threshold", "factor", "cfg_scale", "frequency_penalty", "presence_penalty")

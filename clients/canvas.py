@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from celeris.v1 import generation_pb2 as pb
-from clients.types import Snapshot, Token
+from celeris_client.types import Snapshot, Token
 
 
 @dataclass

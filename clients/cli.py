@@ -20,11 +20,11 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from clients import batch, bench
-from clients.client import DEFAULT_TARGET, AsyncCelerisClient, CelerisClient
-from clients.errors import CelerisError, RetryPolicy
-from clients.types import REMASKING
-from clients.view import LiveView, snapshot_json
+from celeris_client import batch, bench
+from celeris_client.client import DEFAULT_TARGET, AsyncCelerisClient, CelerisClient
+from celeris_client.errors import CelerisError, RetryPolicy
+from celeris_client.types import REMASKING
+from celeris_client.view import LiveView, snapshot_json
 
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in text.split(",") if i.strip())

@@ -10,7 +10,7 @@ remasking ("low_confidence", "random", "margin", "entropy"), threshold, factor, 
 plus request_id, stream_mode ("every_step", "every_k_steps", "block_complete", "final_only"),
 every_k_steps and stream_format ("delta", the default here, or "full") for `stream`, and timeout
 (seconds, the whole call including retries). With "delta" the server sends only what changed and
-`clients.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
+`celeris_client.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
 
 Retries: UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff and jitter, or
 after the server's RetryInfo delay. A stream is retried only if it failed before its first
@@ -28,9 +28,9 @@ import grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from clients.canvas import Canvas
-from clients.errors import CelerisError, DeadlineExceeded, RetryPolicy, error_from_rpc
-from clients.types import ModelInfo, Prompt, Result, Snapshot, Tokenization, build_request
+from celeris_client.canvas import Canvas
+from celeris_client.errors import CelerisError, DeadlineExceeded, RetryPolicy, error_from_rpc
+from celeris_client.types import ModelInfo, Prompt, Result, Snapshot, Tokenization, build_request
 
 DEFAULT_TARGET = "localhost:50051"
 

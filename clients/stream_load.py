@@ -1,6 +1,6 @@
 """Concurrent raw Generate streams, measured per request: the client side of bench_serving.
 
-scripts/bench_serving.py runs this module as its own process (`python -m clients.stream_load`),
+scripts/bench_serving.py runs this module as its own process (`python -m celeris_client.stream_load`),
 so the clients never share cores' time slices or a GIL with the server the way they did when the
 benchmark's clients rode the server's event loop. It reads one JSON job per stdin line and
 answers one JSON line per job on stdout:

@@ -18,7 +18,7 @@ import time
 import unicodedata
 from typing import Optional, TextIO
 
-from clients.types import Snapshot
+from celeris_client.types import Snapshot
 
 MASK = "\u2592"
 DIM, HIGHLIGHT, BOLD, RESET = "\x1b[2;37m", "\x1b[1;30;43m", "\x1b[1m", "\x1b[0m"

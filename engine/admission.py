@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Container
 
-from engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable, clip
-from engine.step_loop import StepLoop
+from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable, clip
+from celeris.engine.step_loop import StepLoop
 
 
 def check_room(core: StepLoop, ids: list[str], owner: str, accepting: bool, running_ids: Container[str],

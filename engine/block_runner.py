@@ -26,18 +26,18 @@ from typing import Optional, Sequence as Seq
 
 import torch
 
-from engine.attention import Spans
-from engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
-from engine.cache import BlockCache, BlockKVStore
-from engine.config import EngineConfig
-from engine.family import Family, family_of
-from engine.graphs import GraphCache, use_graph
-from engine.model import MaskPredictor
-from engine.moe import MoE
-from engine.runner_api import EMPTY, RowResult, StepStats, row_results
-from engine.sampler import published_order, select_tokens
-from engine.sampling_batch import RowKnobs, SamplingBatch, Window
-from engine.structured.constraint import window_masks
+from celeris.engine.attention import Spans
+from celeris.engine.block_sequence import DENOISE, PREFILL, STORE, BlockSequence
+from celeris.engine.cache import BlockCache, BlockKVStore
+from celeris.engine.config import EngineConfig
+from celeris.engine.family import Family, family_of
+from celeris.engine.graphs import GraphCache, use_graph
+from celeris.engine.model import MaskPredictor
+from celeris.engine.moe import MoE
+from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
+from celeris.engine.sampler import published_order, select_tokens
+from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
+from celeris.engine.structured.constraint import window_masks
 
 
 class BlockRunner:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.sampler import transfer_schedule
-from engine.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.sampler import transfer_schedule
+from celeris.engine.sequence import FinishReason, Sequence, StepEvent
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
 

@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from engine.config import ModelConfig
-from engine.model import KVCache
+from celeris.engine.config import ModelConfig
+from celeris.engine.model import KVCache
 
 class KVCacheStore:
     def __init__(self, cfg: ModelConfig, rows: int, max_len: int, device: torch.device, dtype: torch.dtype):

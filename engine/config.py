@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from engine.errors import ModelLoadError
+from celeris.engine.errors import ModelLoadError
 
 Arch = Literal["llada", "dream", "sdar", "llada2"]
 BLOCK_ARCHS = ("sdar", "llada2")  # block diffusion: causal across blocks, exact KV cache

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
 REPLACEMENT = "\ufffd"
 WINDOW = 4  # real tokens of left context (a UTF-8 character spans at most 4 byte tokens)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.config import ModelConfig
-from engine.errors import FieldViolation
-from engine.params import SamplingParams
-from engine.sampling_batch import SelectionRule
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import FieldViolation
+from celeris.engine.params import SamplingParams
+from celeris.engine.sampling_batch import SelectionRule
 
 FULL, BLOCK = "full", "block"
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.gemma_config import GemmaConfig, LayerShape
+from celeris.engine.gemma_config import GemmaConfig, LayerShape
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ModelLoadError
-from engine.revise_sampler import ReviseParams
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.revise_sampler import ReviseParams
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
 SLIDING, FULL = "sliding_attention", "full_attention"

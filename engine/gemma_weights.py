@@ -17,10 +17,10 @@ from typing import Optional
 import torch
 from safetensors import safe_open
 
-from engine.errors import ModelLoadError
-from engine.gemma import DiffusionGemma
-from engine.gemma_config import ARCHITECTURE, gemma_config
-from engine.weights import _tensor_files, resolve_dtype
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.gemma import DiffusionGemma
+from celeris.engine.gemma_config import ARCHITECTURE, gemma_config
+from celeris.engine.weights import _tensor_files, resolve_dtype
 
 log = logging.getLogger(__name__)
 LEFT_OUT = ("model.encoder.vision_tower.", "model.encoder.embed_vision.", "model.encoder.embed_audio.",

@@ -4,7 +4,7 @@ Each `Knob` carries the field's name, kind, default, choices and help, and its n
 surface (HTTP body field, CLI flag, GenerateRequest field). The HTTP parser, the CLI flags and
 the gRPC converter read their knob names from here; the client's keywords, the web page's controls
 and the proto are checked against it by tests/unit/test_knobs.py, and `docs/sampling.md` is
-generated from it (`python -m engine.knobs > docs/sampling.md`). Adding a knob: a `SamplingParams`
+generated from it (`python -m celeris.engine.knobs > docs/sampling.md`). Adding a knob: a `SamplingParams`
 field (with `knob(...)`), a column of `SamplingBatch`, the proto field, its use in the sampler.
 """
 
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from engine.params import FACTOR_RULES, KV_CACHE_MODES, REMASKING, SCHEDULES, SamplingParams
+from celeris.engine.params import FACTOR_RULES, KV_CACHE_MODES, REMASKING, SCHEDULES, SamplingParams
 
 INT, FLOAT, BOOL, CHOICE, STRINGS, IDS = "int", "float", "bool", "choice", "strings", "ids"
 _KINDS = {"int": INT, "float": FLOAT, "bool": BOOL, "str": CHOICE, "tuple[str, ...]": STRINGS,
@@ -66,7 +66,7 @@ def on(surface: str, *kinds: str) -> tuple[Knob, ...]:
 def markdown() -> str:
     """docs/sampling.md: the table every surface follows."""
     rows = ["# Sampling knobs", "",
-            "Generated from `engine/params.py` by `python -m engine.knobs > docs/sampling.md`; a test keeps it "
+            "Generated from `engine/params.py` by `python -m celeris.engine.knobs > docs/sampling.md`; a test keeps it "
             "current. Unset knobs take the model's defaults (`generation_config.json`), then these.", "",
             "| knob | kind | default | HTTP | CLI | gRPC | what it does |", "|---|---|---|---|---|---|---|"]
     for k in KNOBS:

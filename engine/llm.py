@@ -15,20 +15,20 @@ from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
-from engine.block_runner import BlockRunner
-from engine.config import EngineConfig, ModelConfig
-from engine.errors import ModelLoadError
-from engine.family import Family, family_of
-from engine.knobs import KNOBS
-from engine.model import MaskPredictor, count_parameters
-from engine.params import SamplingParams
-from engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
-from engine.runner import Runner
-from engine.runner_api import StepRunner
-from engine.sequence import FinishReason, Sequence, StepEvent
-from engine.step_loop import StepLoop
-from engine.tokenizer import Tokenizer
-from engine.weights import load_model
+from celeris.engine.block_runner import BlockRunner
+from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.family import Family, family_of
+from celeris.engine.knobs import KNOBS
+from celeris.engine.model import MaskPredictor, count_parameters
+from celeris.engine.params import SamplingParams
+from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
+from celeris.engine.runner import Runner
+from celeris.engine.runner_api import StepRunner
+from celeris.engine.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.step_loop import StepLoop
+from celeris.engine.tokenizer import Tokenizer
+from celeris.engine.weights import load_model
 
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 # The models shipped inside the package, loadable by name (`--model celeris-tiny-block`).
@@ -88,7 +88,7 @@ class LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
         if config.tensor_parallel_size != 1 or config.expert_parallel:
-            from engine.parallel.launch import start  # worker processes, torch.distributed
+            from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
             model = start(folder, config)
         else:
             model = load_model(folder, dtype=config.dtype, device=config.device)

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import RowSpan, Spans, apply_rope, attend, left_padded_spans, rope_tables
-from engine.config import ModelConfig
-from engine.moe import MoE
+from celeris.engine.attention import RowSpan, Spans, apply_rope, attend, left_padded_spans, rope_tables
+from celeris.engine.config import ModelConfig
+from celeris.engine.moe import MoE
 
 
 class RMSNorm(nn.Module):

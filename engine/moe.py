@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from celeris.engine.config import ModelConfig
 
 
 class SwiGLU(nn.Module):

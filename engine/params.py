@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 
 REMASKING = ("low_confidence", "random", "margin", "entropy")
 """How a position's confidence is measured: the sampled token's probability (LLaDA), a uniform

@@ -12,10 +12,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from engine.params import SamplingParams
-from engine.sampler import (NEG_INF, confidences, dream_transfer_count, gumbel_scores, penalize, transfer_schedule,
+from celeris.engine.params import SamplingParams
+from celeris.engine.sampler import (NEG_INF, confidences, dream_transfer_count, gumbel_scores, penalize, transfer_schedule,
                             uniform_noise)
-from engine.sampling_batch import REMASK_CODE
+from celeris.engine.sampling_batch import REMASK_CODE
 
 Forward = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 

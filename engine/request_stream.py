@@ -20,11 +20,11 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from engine.errors import EngineError
-from engine.sequence import Sequence, StepEvent
+from celeris.engine.errors import EngineError
+from celeris.engine.sequence import Sequence, StepEvent
 
 if TYPE_CHECKING:
-    from engine.scheduler import Scheduler
+    from celeris.engine.scheduler import Scheduler
 
 LAG = 4  # step events a stream may hold unread before further ones are folded into one
 DONE = object()  # the end marker in a stream's queue

@@ -15,14 +15,14 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
 
-from engine.block_sequence import BlockSequence
-from engine.config import EngineConfig
-from engine.errors import FieldViolation, InvalidRequest, clip
-from engine.family import Family
-from engine.params import MAX_SEED, SamplingParams
-from engine.sequence import Sequence
-from engine.structured.constraint import Compiler, Constraint, StructureError, Structured
-from engine.tokenizer import Tokenizer
+from celeris.engine.block_sequence import BlockSequence
+from celeris.engine.config import EngineConfig
+from celeris.engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.engine.family import Family
+from celeris.engine.params import MAX_SEED, SamplingParams
+from celeris.engine.sequence import Sequence
+from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
+from celeris.engine.tokenizer import Tokenizer
 
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from engine.gemma import DiffusionGemma, KVCache
-from engine.revise_sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
+from celeris.engine.gemma import DiffusionGemma, KVCache
+from celeris.engine.revise_sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
 
 
 @dataclass

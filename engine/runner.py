@@ -22,16 +22,16 @@ from typing import NamedTuple, Optional, Sequence as Seq
 
 import torch
 
-from engine.cache import CanvasCache, KVCacheStore
-from engine.config import EngineConfig
-from engine.family import Family, family_of
-from engine.graphs import GraphCache, use_graph
-from engine.model import MaskPredictor
-from engine.runner_api import EMPTY, RowResult, StepStats, row_results
-from engine.sampler import published_order, select_tokens
-from engine.sampling_batch import RowKnobs, SamplingBatch, Window
-from engine.sequence import Sequence
-from engine.structured.constraint import window_masks
+from celeris.engine.cache import CanvasCache, KVCacheStore
+from celeris.engine.config import EngineConfig
+from celeris.engine.family import Family, family_of
+from celeris.engine.graphs import GraphCache, use_graph
+from celeris.engine.model import MaskPredictor
+from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
+from celeris.engine.sampler import published_order, select_tokens
+from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
+from celeris.engine.sequence import Sequence
+from celeris.engine.structured.constraint import window_masks
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)

@@ -14,9 +14,9 @@ from typing import Optional, Protocol, Sequence as Seq
 
 import torch
 
-from engine.sampler import token_logprobs
-from engine.sampling_batch import SamplingBatch, Selection
-from engine.sequence import Sequence
+from celeris.engine.sampler import token_logprobs
+from celeris.engine.sampling_batch import SamplingBatch, Selection
+from celeris.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Optional, Sequence as Seq
 import torch
 import torch.nn.functional as F
 
-from engine.sampling_batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
+from celeris.engine.sampling_batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 
 NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF

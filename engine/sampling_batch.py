@@ -21,7 +21,7 @@ from typing import Optional, Sequence as Seq
 
 import torch
 
-from engine.params import FACTOR_RULES, REMASKING, SamplingParams
+from celeris.engine.params import FACTOR_RULES, REMASKING, SamplingParams
 
 REMASK_CODE = {name: i for i, name in enumerate(REMASKING)}
 FACTOR_RULE_CODE = {name: i for i, name in enumerate(FACTOR_RULES)}

@@ -36,12 +36,12 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from engine.admission import check_room
-from engine.errors import EngineError, StepFailed, Unavailable, clip
-from engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
-from engine.sequence import Sequence, StepEvent
-from engine.step_loop import StepLoop, StepRecord
-from engine.threads import TensorThread
+from celeris.engine.admission import check_room
+from celeris.engine.errors import EngineError, StepFailed, Unavailable, clip
+from celeris.engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
+from celeris.engine.sequence import Sequence, StepEvent
+from celeris.engine.step_loop import StepLoop, StepRecord
+from celeris.engine.threads import TensorThread
 
 
 Formatter = Callable[[StepEvent], Any]

@@ -14,8 +14,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from engine.params import SamplingParams
-from engine.sampler import dream_transfer_count, transfer_schedule
+from celeris.engine.params import SamplingParams
+from celeris.engine.sampler import dream_transfer_count, transfer_schedule
 
 
 class FinishReason(enum.Enum):

@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 from typing import Sequence as Seq
 
-from engine.runner_api import RowResult, StepStats
-from engine.step_loop import StepLoop
-from engine.sequence import Sequence
+from celeris.engine.runner_api import RowResult, StepStats
+from celeris.engine.step_loop import StepLoop
+from celeris.engine.sequence import Sequence
 
 
 class SimulatedRunner:

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from engine.batching import Picker, partition
-from engine.errors import Overloaded
-from engine.runner_api import StepRunner, StepStats
-from engine.sequence import Sequence, StepEvent
+from celeris.engine.batching import Picker, partition
+from celeris.engine.errors import Overloaded
+from celeris.engine.runner_api import StepRunner, StepStats
+from celeris.engine.sequence import Sequence, StepEvent
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.config import ModelConfig
-from engine.errors import FieldViolation, InvalidRequest, ModelLoadError
-from engine.sequence import stop_cut
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import FieldViolation, InvalidRequest, ModelLoadError
+from celeris.engine.sequence import stop_cut
 
 MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
 # End-of-turn tokens of the families we serve: generation stops at them like at EOS.

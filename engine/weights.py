@@ -20,9 +20,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.config import ModelConfig
-from engine.errors import ModelLoadError
-from engine.model import MaskPredictor
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.model import MaskPredictor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -40,12 +40,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "protos"))
 
 from benchmark import TEXT_PROMPTS, run_engine  # noqa: E402
-from clients.progress import percentile  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
-from engine.params import SamplingParams  # noqa: E402
-from engine.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
-from engine.threads import TensorThread, available_cpus, serving_threads  # noqa: E402
+from celeris_client.progress import percentile  # noqa: E402
+from celeris.engine.config import EngineConfig  # noqa: E402
+from celeris.engine.llm import LLM  # noqa: E402
+from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
+from celeris.engine.threads import TensorThread, available_cpus, serving_threads  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 from serving_report import format_report, median_by, targets  # noqa: E402
 
@@ -205,7 +205,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from clients.stream_load import OPT_IN_MODES, stream_modes
+    from celeris_client.stream_load import OPT_IN_MODES, stream_modes
 
     a = parse_args(argv)
     offered = [name for name, _ in stream_modes()]

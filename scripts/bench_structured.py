@@ -32,10 +32,10 @@ from pathlib import Path
 import jsonschema
 import torch
 
-from engine.config import EngineConfig
-from engine.llm import EMBEDDED_MODELS, LLM
-from engine.requests import Request
-from engine.structured.constraint import Structured
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.structured.constraint import Structured
 
 S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
@@ -77,9 +77,9 @@ REGEXES = [("regex", r"[0-9]{3}-[0-9]{4}"), ("regex", r"[a-z]{1,8}@[a-z]{2,6}\.(
 
 def big_vocab_model(folder: Path, vocab: int = 126_464) -> Path:
     """A random model with LLaDA-8B's vocabulary size and tiny layers (see the module doc)."""
-    from engine.config import ModelConfig
-    from engine.weights import save_model
-    from engine.model import MaskPredictor
+    from celeris.engine.config import ModelConfig
+    from celeris.engine.weights import save_model
+    from celeris.engine.model import MaskPredictor
     src = EMBEDDED_MODELS["celeris-tiny"]
     tok = json.loads((src / "tokenizer.json").read_text())
     words = tok["model"]["vocab"]

@@ -32,12 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import EngineConfig, ModelConfig  # noqa: E402
-from engine.model import MaskPredictor  # noqa: E402
-from engine.llm import LLM  # noqa: E402
-from engine.params import SamplingParams  # noqa: E402
-from engine.reference import reference_generate  # noqa: E402
-from engine.training import data, skill  # noqa: E402
+from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from celeris.engine.model import MaskPredictor  # noqa: E402
+from celeris.engine.llm import LLM  # noqa: E402
+from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.reference import reference_generate  # noqa: E402
+from celeris.engine.training import data, skill  # noqa: E402
 
 TEXT_PROMPTS = ["It is a truth universally", "Emma Woodhouse, handsome, clever,", "Mr. Darcy", "She was",
                 "The family of Dashwood", "Sir Walter Elliot", "Catherine Morland", "My dear Lizzy,",
@@ -183,8 +183,8 @@ def run_grpc(llm: LLM, prompts, params, pairs, counter: FlopCounter, concurrency
 
     from celeris.v1 import generation_pb2 as pb
     from celeris.v1 import generation_pb2_grpc as pb_grpc
-    from server.app import ServerSettings, create_server
-    from server.telemetry import configure_logging
+    from celeris.server.app import ServerSettings, create_server
+    from celeris.server.telemetry import configure_logging
 
     run = Run("grpc", "skill" if pairs else "text")
 

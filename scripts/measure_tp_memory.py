@@ -30,14 +30,14 @@ def rss(pid: int) -> dict[str, float]:
 def write_checkpoint(folder: Path) -> int:
     import torch
 
-    from engine.config import ModelConfig
-    from engine.model import MaskPredictor
-    from engine.weights import save_model
+    from celeris.engine.config import ModelConfig
+    from celeris.engine.model import MaskPredictor
+    from celeris.engine.weights import save_model
 
     torch.manual_seed(0)
     model = MaskPredictor(ModelConfig(arch="llada", mask_token_id=3, eos_token_id=2, **SHAPE))
     save_model(model, folder)
-    from engine.llm import EMBEDDED_MODEL
+    from celeris.engine.llm import EMBEDDED_MODEL
     for f in ("tokenizer.json", "tokenizer_config.json"):
         if (EMBEDDED_MODEL / f).exists():
             (folder / f).write_bytes((EMBEDDED_MODEL / f).read_bytes())
@@ -48,8 +48,8 @@ def measure(folder: str, tp: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from engine.config import EngineConfig
-    from engine.llm import LLM
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
 
     if tp == 0:  # baseline: the imports alone
         print(json.dumps({"ranks": [rss(os.getpid())]}))

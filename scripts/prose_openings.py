@@ -13,12 +13,12 @@ import collections
 import json
 from pathlib import Path
 
-from engine.llm import LLM
-from engine.params import fit_lengths
-from engine.threads import configure_threads
-from engine.training import data
-from engine.training.corpus import load_austen
-from engine.training.evaluate import PROSE_WORDS
+from celeris.engine.llm import LLM
+from celeris.engine.params import fit_lengths
+from celeris.engine.threads import configure_threads
+from celeris.engine.training import data
+from celeris.engine.training.corpus import load_austen
+from celeris.engine.training.evaluate import PROSE_WORDS
 
 CANDIDATES = ("It is a truth universally acknowledged", "Mr. Darcy walked into the room and",
               "Elizabeth looked at her sister and said", "The morning was fine, and",

@@ -3,7 +3,7 @@
 `ServeProcess` starts the real command on free loopback ports, waits on the gRPC health service,
 and samples what the server says about itself: Prometheus metrics (steps, summed step seconds,
 the event loop's CPU) and its process CPU from /proc/<pid>/stat (utime + stime; psutil is not a
-dependency). `ClientProcess` is `python -m clients.stream_load`, fed one JSON job per line.
+dependency). `ClientProcess` is `python -m celeris_client.stream_load`, fed one JSON job per line.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ServeProcess:
     def __init__(self, model: Optional[Path], threads: int, max_batch: int, kv_cache: str, log_path: Path,
                  max_gen_length: int = 512, simulate_step_ms: Optional[float] = None, extra: tuple[str, ...] = ()):
         self.port, self.metrics_port, self.log_path = free_port(), free_port(), log_path
-        self.argv = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                      "--metrics-port", str(self.metrics_port), "--threads", str(threads),
                      "--max-batch", str(max_batch), "--max-queue", str(4 * max_batch), "--kv-cache", kv_cache,
                      "--max-gen-length", str(max(512, max_gen_length)), "--log-format", "json",
@@ -117,13 +117,13 @@ class ServeProcess:
 
 
 class ClientProcess:
-    """`python -m clients.stream_load`: one job in, one answer out, per line."""
+    """`python -m celeris_client.stream_load`: one job in, one answer out, per line."""
 
     def __init__(self) -> None:
         self.proc: Optional[subprocess.Popen] = None
 
     def __enter__(self) -> ClientProcess:
-        self.proc = subprocess.Popen([sys.executable, "-m", "clients.stream_load"], cwd=ROOT, env=child_env(),
+        self.proc = subprocess.Popen([sys.executable, "-m", "celeris_client.stream_load"], cwd=ROOT, env=child_env(),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 

@@ -19,17 +19,17 @@ import structlog
 from grpc_reflection.v1alpha import reflection
 
 from celeris.v1 import generation_pb2, generation_pb2_grpc
-from engine.llm import LLM
-from engine.params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.threads import TensorThread
-from server.errors import PortInUse
-from server.guard import Guard
-from server.health import Health
-from server.interceptors import AccessLogInterceptor, GuardInterceptor
-from server.lifecycle import Lifecycle
-from server.servicer import GenerationServicer
-from server.telemetry import Telemetry
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
+from celeris.engine.scheduler import Scheduler
+from celeris.engine.threads import TensorThread
+from celeris.server.errors import PortInUse
+from celeris.server.guard import Guard
+from celeris.server.health import Health
+from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
+from celeris.server.lifecycle import Lifecycle
+from celeris.server.servicer import GenerationServicer
+from celeris.server.telemetry import Telemetry
 
 log = structlog.get_logger("celeris")
 TRANSPORT_STREAMS = 1024  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of the gRPC port
@@ -142,7 +142,7 @@ class CelerisServer:
             self._metrics_server = _bound(lambda: self.telemetry.metrics.serve(s.metrics_port, host),
                                           "metrics", host, s.metrics_port)
         if s.http_port is not None:
-            from server.http_gateway import HttpGateway
+            from celeris.server.http_gateway import HttpGateway
 
             self.http = HttpGateway(self.llm, self.scheduler, s, health=self.health, lifecycle=self.lifecycle,
                                     guard=self.guard)

@@ -3,7 +3,7 @@
 `clients/bench.py` owns the load pattern, the timing and the report but must not import the
 engine (DESIGN.md: clients never import engine or server, never pull in torch). So the `celeris`
 dispatcher (server/cli.py, the one module that sees both sides) passes `InProcessBackend` to
-`clients.cli.main` when `--in-process` is given. The backend loads the model, runs a Scheduler in
+`celeris_client.cli.main` when `--in-process` is given. The backend loads the model, runs a Scheduler in
 this process and submits Sequences directly: figures without gRPC, protobuf or network, to set
 beside a server bench on the same machine.
 """
@@ -15,9 +15,9 @@ import asyncio
 import dataclasses
 from typing import Any, Callable, Optional
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.scheduler import Scheduler
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
+from celeris.engine.scheduler import Scheduler
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sea rolls in under a grey sky. "
 
@@ -34,7 +34,7 @@ class InProcessBackend:
     async def open(self) -> dict[str, Any]:
         import torch
 
-        from engine.threads import TensorThread, configure_threads
+        from celeris.engine.threads import TensorThread, configure_threads
 
         a = self.args
         configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)

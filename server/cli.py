@@ -2,7 +2,7 @@
 
 Engine-side subcommands: `run` here, train/eval/serve in server/cli_commands.py, flags in
 server/cli_args.py (imports go one way: cli -> cli_commands -> cli_args, app). Client
-subcommands (generate, batch, bench) are implemented in `clients.cli`, which never imports
+subcommands (generate, batch, bench) are implemented in `celeris_client.cli`, which never imports
 torch; `run_client` below is the one place in `server` that imports `clients`, explicitly and
 only when a client subcommand runs (tests/unit/test_imports.py holds it to that).
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Optional
 
-from server.cli_args import add_model_args, add_sampling_args, engine_config_from_args, sampling_from_args
+from celeris.server.cli_args import add_model_args, add_sampling_args, engine_config_from_args, sampling_from_args
 
 CLIENT_COMMANDS = ("generate", "batch", "bench")
 _IMPORTED = time.perf_counter()
@@ -24,11 +24,11 @@ _IMPORTED = time.perf_counter()
 
 def run_client(argv: list[str]) -> int:
     """Dispatch a client subcommand to clients.cli (bench --in-process gets the engine backend)."""
-    from clients.cli import main as client_main
+    from celeris_client.cli import main as client_main
 
     extra = {}
     if argv[0] == "bench" and "--in-process" in argv:  # the engine-side backend, kept out of clients/
-        from server.bench_inprocess import InProcessBackend
+        from celeris.server.bench_inprocess import InProcessBackend
 
         extra["in_process"] = InProcessBackend
     return client_main(argv, **extra)
@@ -45,9 +45,9 @@ def process_age_s() -> float:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from engine.errors import ModelLoadError
-    from engine.llm import LLM
-    from engine.threads import configure_threads
+    from celeris.engine.errors import ModelLoadError
+    from celeris.engine.llm import LLM
+    from celeris.engine.threads import configure_threads
 
     t_imports, t0 = process_age_s(), time.perf_counter()
     threads = configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(run)
     run.set_defaults(func=cmd_run)
 
-    from server import cli_commands
+    from celeris.server import cli_commands
 
     cli_commands.register(sub)
     for name in CLIENT_COMMANDS:
@@ -107,7 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return run_client(argv)
     ap = build_parser()
     a = ap.parse_args(argv)
-    from engine.errors import EngineError
+    from celeris.engine.errors import EngineError
 
     try:
         return a.func(a)

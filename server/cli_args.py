@@ -10,7 +10,7 @@ from pathlib import Path
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
     """A flag for every knob of the table (engine/knobs.py). Every knob defaults to None: unset
     means the model's own default (generation_config.json)."""
-    from engine.knobs import BOOL, IDS, STRINGS, on
+    from celeris.engine.knobs import BOOL, IDS, STRINGS, on
 
     g = ap.add_argument_group("sampling (unset: the model's defaults)")
     for k in on("cli"):
@@ -33,9 +33,9 @@ def _id_list(text: str) -> tuple[int, ...]:
 def sampling_from_args(a: argparse.Namespace, defaults=None):
     """The given flags over `defaults`, steps and block length fitted to a --gen-length given
     alone, validated; errors name the flag (--block-length)."""
-    from engine.errors import FieldViolation, InvalidRequest
-    from engine.knobs import on
-    from engine.params import SamplingParams, fit_lengths
+    from celeris.engine.errors import FieldViolation, InvalidRequest
+    from celeris.engine.knobs import on
+    from celeris.engine.params import SamplingParams, fit_lengths
 
     given = {k.name: getattr(a, k.name) for k in on("cli") if getattr(a, k.name, None) is not None}
     if "stop" in given:
@@ -65,7 +65,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(a: argparse.Namespace, **kw):
-    from engine.config import EngineConfig
+    from celeris.engine.config import EngineConfig
 
     return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),

@@ -9,11 +9,11 @@ import os
 import signal
 from pathlib import Path
 
-from server.cli_args import add_model_args, engine_config_from_args
+from celeris.server.cli_args import add_model_args, engine_config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from engine.training.train import run
+    from celeris.engine.training.train import run
 
     run(a)
     return 0
@@ -22,9 +22,9 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     import dataclasses
 
-    from engine.llm import LLM
-    from engine.threads import configure_threads
-    from engine.training.evaluate import evaluate, format_report
+    from celeris.engine.llm import LLM
+    from celeris.engine.threads import configure_threads
+    from celeris.engine.training.evaluate import evaluate, format_report
 
     configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     llm = LLM.load(a.model, engine_config_from_args(a, max_batch=64, max_queue=4096))
@@ -44,7 +44,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     cache = Path.home() / ".cache" / "celeris"
 
-    from engine.training.train import add_train_args
+    from celeris.engine.training.train import add_train_args
 
     tr = sub.add_parser("train", help="train celeris-tiny from scratch (2 CPU cores, ~45 min)")
     add_train_args(tr)
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_serve_args(ap: argparse.ArgumentParser) -> None:
-    from server.app import ServerSettings
+    from celeris.server.app import ServerSettings
 
     d = ServerSettings()
     ap.add_argument("--host", default=d.host, help="bind address (default %(default)s, this machine only; "
@@ -124,10 +124,10 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.threads import TensorThread, configure_threads
-    from server.app import ServerSettings
-    from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
+    from celeris.engine.llm import LLM
+    from celeris.engine.threads import TensorThread, configure_threads
+    from celeris.server.app import ServerSettings
+    from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
@@ -140,7 +140,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     thread = TensorThread()
     llm = thread.call(LLM.load, a.model, cfg)
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
-        from engine.sim_runner import simulate
+        from celeris.engine.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
@@ -165,8 +165,8 @@ async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> boo
     """Serve until a signal, or until a tensor-parallel worker is lost (then True)."""
     import structlog
 
-    from server.app import create_server
-    from server.startup import log_startup
+    from celeris.server.app import create_server
+    from celeris.server.startup import log_startup
 
     log = structlog.get_logger("celeris")
     server, _ = await create_server(llm, settings, telemetry, thread)

@@ -16,14 +16,14 @@ from typing import Optional
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
-from engine.detok import IncrementalDetokenizer
-from engine.errors import FieldViolation, InvalidRequest
-from engine.knobs import CHOICE, IDS, STRINGS, on
-from engine.llm import Request
-from engine.params import SamplingParams, fit_lengths
-from engine.sequence import FinishReason, Sequence, StepEvent
-from engine.tokenizer import MASK_MARKER, Tokenizer
-from server.structured_api import from_fields
+from celeris.engine.detok import IncrementalDetokenizer
+from celeris.engine.errors import FieldViolation, InvalidRequest
+from celeris.engine.knobs import CHOICE, IDS, STRINGS, on
+from celeris.engine.llm import Request
+from celeris.engine.params import SamplingParams, fit_lengths
+from celeris.engine.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.server.structured_api import from_fields
 
 REMASKING_TO_ENGINE = {
     pb.REMASKING_LOW_CONFIDENCE: "low_confidence",

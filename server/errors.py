@@ -12,8 +12,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
-from engine.request_stream import StreamAbandoned
+from celeris.engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
+from celeris.engine.request_stream import StreamAbandoned
 
 MAX_MESSAGE = 1024  # characters of an error message or a violation's description sent back (or logged)
 

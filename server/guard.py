@@ -24,8 +24,8 @@ import time
 import urllib.parse
 from typing import Callable, Optional, Union
 
-from engine.errors import Overloaded
-from server.errors import Unauthenticated
+from celeris.engine.errors import Overloaded
+from celeris.server.errors import Unauthenticated
 
 OVERFLOW = "overflow"
 _CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("celeris_client", default="")

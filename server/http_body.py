@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 from aiohttp import web
 
-from engine.errors import FieldViolation, InvalidRequest, clip
-from server.errors import RequestTimeout, RequestTooLarge, UnsupportedMediaType
+from celeris.engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.server.errors import RequestTimeout, RequestTooLarge, UnsupportedMediaType
 
 PARSE_OFF_LOOP = 64 << 10  # bodies larger than this (read or inflated) are parsed in a worker thread
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

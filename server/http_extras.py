@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from aiohttp import web
 
-from engine.errors import InvalidRequest
-from server import openai_api
+from celeris.engine.errors import InvalidRequest
+from celeris.server import openai_api
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ALLOW_METHODS = "GET, POST, OPTIONS"

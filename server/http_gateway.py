@@ -20,18 +20,18 @@ from typing import Any, Awaitable, Callable, Optional
 import structlog
 from aiohttp import web
 
-from engine.errors import EngineError, InvalidRequest, Unavailable
-from engine.llm import LLM
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, StepEvent
-from server import openai_api
-from server.errors import RequestTimeout, error_body
-from server.http_body import read_json
-from server.http_transport import JsonErrorRunner, listening_socket
-from server.guard import Guard
-from server.http_extras import Cors, TokenizerRoutes, add_metrics_route
-from server.lifecycle import Lifecycle, LiveRequest, merged
-from server.openai_responses import Responder, merge_finals, sse, usage_chunk
+from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
+from celeris.engine.llm import LLM
+from celeris.engine.scheduler import Scheduler
+from celeris.engine.sequence import Sequence, StepEvent
+from celeris.server import openai_api
+from celeris.server.errors import RequestTimeout, error_body
+from celeris.server.http_body import read_json
+from celeris.server.http_transport import JsonErrorRunner, listening_socket
+from celeris.server.guard import Guard
+from celeris.server.http_extras import Cors, TokenizerRoutes, add_metrics_route
+from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
+from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +60,7 @@ class HttpGateway:
                  lifecycle: Optional[Lifecycle] = None, guard: Optional[Guard] = None):
         """`settings` is server.app.ServerSettings; `health` (server.health.Health) drives /health;
         `lifecycle` and `guard` are the gRPC door's, so both doors share them."""
-        from server.telemetry import Telemetry
+        from celeris.server.telemetry import Telemetry
 
         self.llm, self.scheduler, self.settings, self.health = llm, scheduler, settings, health
         self.lifecycle = lifecycle or Lifecycle(llm, scheduler, Telemetry())

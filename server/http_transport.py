@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from server.errors import PortInUse, bounded, error_body
+from celeris.server.errors import PortInUse, bounded, error_body
 
 log = structlog.get_logger("celeris.http")
 

@@ -13,9 +13,9 @@ from typing import Callable
 import grpc
 import structlog
 
-from engine.errors import EngineError
-from server.errors import abort
-from server.guard import Guard
+from celeris.engine.errors import EngineError
+from celeris.server.errors import abort
+from celeris.server.guard import Guard
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 PROBE_PREFIX = "/grpc.health.v1.Health/"  # Check and Watch: logged at debug, probes come every few seconds

@@ -1,6 +1,6 @@
 """One request lifecycle for both front doors (gRPC and the HTTP gateway).
 
-A door only translates: its wire request -> `engine.llm.Request`, then
+A door only translates: its wire request -> `celeris.engine.llm.Request`, then
 
     lives = [lifecycle.start(...)]       # one per sample (n): span, log context, metrics
     await lifecycle.submit(lives, reqs)  # validated once by the engine, tokenized off the event
@@ -23,12 +23,12 @@ import asyncio
 import collections
 from typing import AsyncIterator, Callable, Optional
 
-from engine.errors import EngineError, Overloaded
-from engine.llm import LLM, MAX_REQUEST_ID, Request
-from engine.scheduler import Formatter, RequestStream, Scheduler
-from engine.sequence import Sequence, StepEvent
-from server.guard import Guard, current_client
-from server.telemetry import RequestObserver, Telemetry
+from celeris.engine.errors import EngineError, Overloaded
+from celeris.engine.llm import LLM, MAX_REQUEST_ID, Request
+from celeris.engine.scheduler import Formatter, RequestStream, Scheduler
+from celeris.engine.sequence import Sequence, StepEvent
+from celeris.server.guard import Guard, current_client
+from celeris.server.telemetry import RequestObserver, Telemetry
 
 FormatterFactory = Callable[[Sequence], Formatter]
 

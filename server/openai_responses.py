@@ -28,9 +28,9 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from engine.detok import IncrementalDetokenizer
-from engine.sequence import FinishReason, StepEvent
-from engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.detok import IncrementalDetokenizer
+from celeris.engine.sequence import FinishReason, StepEvent
+from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
 

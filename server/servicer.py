@@ -9,11 +9,11 @@ import grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from engine.errors import EngineError, InvalidRequest
-from engine.llm import LLM
-from server import convert
-from server.errors import abort
-from server.lifecycle import Lifecycle, merged
+from celeris.engine.errors import EngineError, InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.server import convert
+from celeris.server.errors import abort
+from celeris.server.lifecycle import Lifecycle, merged
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 

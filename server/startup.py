@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from engine.threads import affinity_cpus, cgroup_cpu_quota
+from celeris.engine.threads import affinity_cpus, cgroup_cpu_quota
 
 WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 

@@ -36,10 +36,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from structlog.processors import ExceptionRenderer
 from structlog.tracebacks import ExceptionDictTransformer
 
-from engine.errors import clip
-from engine.scheduler import Scheduler
-from engine.step_loop import StepRecord
-from engine.sequence import StepEvent
+from celeris.engine.errors import clip
+from celeris.engine.scheduler import Scheduler
+from celeris.engine.step_loop import StepRecord
+from celeris.engine.sequence import StepEvent
 
 MAX_LOGGED_ERROR = 512  # characters of an error message in a log line
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)
@@ -211,7 +211,7 @@ class RequestObserver:
                           forward_passes=ev.forward_passes, steps=ev.steps, kv_cache=ev.kv_cache, **self.log_context)
 
     def fail(self, exc: BaseException) -> None:
-        from server.errors import code_name
+        from celeris.server.errors import code_name
 
         self.outcome, self.code = "error", code_name(exc)
         error = str(exc)[:MAX_LOGGED_ERROR]

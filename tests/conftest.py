@@ -25,7 +25,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llm(tiny_model_dir):
-    from engine.config import EngineConfig
-    from engine.llm import LLM
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
 
     return LLM.load(tiny_model_dir, EngineConfig(max_batch=16, max_queue=32, max_prompt_tokens=64, max_gen_length=64))

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.errors import ModelLoadError
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.config import EngineConfig, ModelConfig
-from engine.parallel import worker
-from engine.parallel.group import Plan, backend_for, check_sizes, init_group, leader_store
-from engine.parallel.mirror import Channel, MirroredModel
-from engine.parallel.shard import checkpoint_parameters, load_shard
+from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.parallel import worker
+from celeris.engine.parallel.group import Plan, backend_for, check_sizes, init_group, leader_store
+from celeris.engine.parallel.mirror import Channel, MirroredModel
+from celeris.engine.parallel.shard import checkpoint_parameters, load_shard
 
 log = logging.getLogger("celeris.parallel")
 START_TIMEOUT_S = 600.0  # loading a large shard takes a while

@@ -24,12 +24,12 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.errors import ModelLoadError
-from engine.model import MaskPredictor
-from engine.moe import MoE, SwiGLU
-from engine.parallel.group import Group, Plan, check_sizes
-from engine.weights import _tensor_files, canonical_name, resolve_dtype, skip_meta_init
+from celeris.engine.config import ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.model import MaskPredictor
+from celeris.engine.moe import MoE, SwiGLU
+from celeris.engine.parallel.group import Group, Plan, check_sizes
+from celeris.engine.weights import _tensor_files, canonical_name, resolve_dtype, skip_meta_init
 
 COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")

@@ -14,11 +14,11 @@ import sys
 
 import torch
 
-from engine.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
-from engine.model import KVCache
-from engine.parallel.group import Plan, init_group, worker_store
-from engine.parallel.mirror import to_device
-from engine.parallel.shard import load_shard
+from celeris.engine.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
+from celeris.engine.model import KVCache
+from celeris.engine.parallel.group import Plan, init_group, worker_store
+from celeris.engine.parallel.mirror import to_device
+from celeris.engine.parallel.shard import load_shard
 
 STORES = {cls.__name__: cls for cls in (KVCacheStore, BlockKVStore)}
 

@@ -28,9 +28,9 @@ from typing import Optional, Sequence as Seq
 import llguidance
 import torch
 
-from engine.sampling_batch import Allowed
-from engine.structured.regexes import RegexError, literal, max_width
-from engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
+from celeris.engine.sampling_batch import Allowed
+from celeris.engine.structured.regexes import RegexError, literal, max_width
+from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
 MAX_SCHEMA_CHARS = 32_768  # a schema's JSON text, checked before parsing
 MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from engine.structured.regexes import int_range, literal, max_width
+from celeris.engine.structured.regexes import int_range, literal, max_width
 
 MAX_DEPTH = 4  # objects nested inside objects
 MAX_PROPERTIES = 64  # across the whole schema

@@ -18,10 +18,10 @@ from typing import Optional
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from engine.config import ModelConfig
-from engine.tokenizer import DEFAULT_CHAT_TEMPLATE
-from engine.tokenizer import Tokenizer as ServedTokenizer
-from engine.training.tasks import Example, TaskMaker
+from celeris.engine.config import ModelConfig
+from celeris.engine.tokenizer import DEFAULT_CHAT_TEMPLATE
+from celeris.engine.tokenizer import Tokenizer as ServedTokenizer
+from celeris.engine.training.tasks import Example, TaskMaker
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3

@@ -18,12 +18,12 @@ from typing import Optional
 
 import torch
 
-from engine.params import SamplingParams, fit_lengths
-from engine.reference import reference_generate
-from engine.sequence import FinishReason
-from engine.training import data, skill
-from engine.training.corpus import load_austen
-from engine.training.objective import model_loss
+from celeris.engine.params import SamplingParams, fit_lengths
+from celeris.engine.reference import reference_generate
+from celeris.engine.sequence import FinishReason
+from celeris.engine.training import data, skill
+from celeris.engine.training.corpus import load_austen
+from celeris.engine.training.objective import model_loss
 
 SKILL_DECODERS: dict[str, dict] = {
     "reference (steps=gen_length)": dict(steps=data.SKILL_GEN_LENGTH),

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from engine.training import skill
+from celeris.engine.training import skill
 
 CANVASES = (4, 8, 16, 32, 64, 128, 256)  # canvas lengths responses are padded to
 # Relative frequency of each canvas length: long canvases cost more per example, short ones

@@ -1,7 +1,7 @@
 """Train celeris-tiny (full-canvas, LLaDA format) or celeris-tiny-block (SDAR format) from scratch
 on 2 CPU cores.
 
-    celeris train --out engine/training/celeris-tiny                       # = python -m engine.training.train
+    celeris train --out engine/training/celeris-tiny                       # = python -m celeris.engine.training.train
     celeris train --arch sdar --out engine/training/celeris-tiny-block
 
 Every third step is a pretraining step (random windows of the novels, every token maskable);
@@ -29,12 +29,12 @@ from typing import Optional
 
 import torch
 
-from engine.config import ModelConfig
-from engine.model import MaskPredictor, count_parameters
-from engine.training import data, skill, tasks
-from engine.training.corpus import corpus_source, load_austen, total_chars
-from engine.training.objective import model_loss
-from engine.weights import save_model
+from celeris.engine.config import ModelConfig
+from celeris.engine.model import MaskPredictor, count_parameters
+from celeris.engine.training import data, skill, tasks
+from celeris.engine.training.corpus import corpus_source, load_austen, total_chars
+from celeris.engine.training.objective import model_loss
+from celeris.engine.weights import save_model
 
 # (d_model, heads, layers, mlp) of the sizes tried; "base" is what ships (see the model card).
 SIZES = {"small": (64, 2, 2, 128), "base": (128, 4, 4, 384), "wide": (192, 6, 4, 512), "deep": (128, 4, 8, 384)}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

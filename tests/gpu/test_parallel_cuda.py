@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.llm import LLM
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint
 from tests.unit.references.checkpoints import write_llada_checkpoint
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-from engine.runner import Runner
-from server.cli import main
+from celeris.engine.runner import Runner
+from celeris.server.cli import main
 
 FAIL_AT = int(os.environ.get("CELERIS_FAULT_STEP", "2"))
 # "fatal": the fault is a BaseException the step worker does not survive (as a C extension's
@@ -38,7 +38,7 @@ def faulty_step(self, *args, **kwargs):
 Runner.step = faulty_step
 
 if os.environ.get("CELERIS_FAULT_HTTP"):
-    from server import openai_api
+    from celeris.server import openai_api
 
     _engine_requests = openai_api.engine_requests
 

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
-from server.app import CelerisServer, ServerSettings, create_server
+from celeris.server.app import CelerisServer, ServerSettings, create_server
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.health import SERVICE_NAME
+from celeris.server.health import SERVICE_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,10 +34,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One `python -m server.cli serve` child. Always `close()` it (the fixtures do)."""
+    """One `python -m celeris.server.cli serve` child. Always `close()` it (the fixtures do)."""
 
     def __init__(self, model_dir: Path, log_path: Path, *extra: str, port: Optional[int] = None,
-                 metrics_port: Optional[int] = None, module: str = "server.cli", env: Optional[dict] = None):
+                 metrics_port: Optional[int] = None, module: str = "celeris.server.cli", env: Optional[dict] = None):
         self.port = port or free_port()
         self.metrics_port = metrics_port or free_port()
         self.log_path = log_path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clients import stream_load
+from celeris_client import stream_load
 
 ROOT = Path(__file__).resolve().parents[2]
 

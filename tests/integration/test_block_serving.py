@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from celeris.v1 import generation_pb2 as pb
-from engine.config import EngineConfig
-from engine.llm import LLM
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
 from tests.integration.conftest import collect, running_server
 from tests.unit.block_references.checkpoints import EOS_ID, MASK_ID, write_llada2_checkpoint, write_sdar_checkpoint
 from tests.unit.block_references.generate import llada2_generate, sdar_generate
@@ -102,8 +102,8 @@ async def test_delta_stream_of_a_block_model_rebuilds_the_full_stream(block_mode
     the delta stream still rebuilds every full message."""
     import dataclasses
 
-    from clients.canvas import Canvas
-    from clients.types import Snapshot
+    from celeris_client.canvas import Canvas
+    from celeris_client.types import Snapshot
 
     _, _, llm = block_model
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from clients import CelerisClient
-from server.cli import main as celeris
+from celeris_client import CelerisClient
+from celeris.server.cli import main as celeris
 from tests.integration.live_server import live_server
 
 KNOBS = ["--gen-length", "16", "--steps", "8", "--block-length", "8", "--seed", "5"]
@@ -145,7 +145,7 @@ def test_bench_in_process(tiny_model_dir, tmp_path, capsys):
 
 
 def test_bench_in_process_needs_the_dispatcher(capsys):
-    from clients.cli import main as client_main
+    from celeris_client.cli import main as client_main
 
     assert client_main(["bench", "--in-process"]) == 2
     assert "celeris" in capsys.readouterr().err
@@ -158,7 +158,7 @@ def _piped_into_head(argv: list[str]) -> tuple[int, str, str]:
     import sys
 
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
-    p = subprocess.Popen([sys.executable, "-m", "server.cli", *argv], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "celeris.server.cli", *argv], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env)
     first = p.stdout.readline().decode()
     p.stdout.close()  # the reader goes away, as head does after its line

@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from clients import (AsyncCelerisClient, CelerisClient, DeadlineExceeded, InvalidArgument, Overloaded, RetryPolicy,
+from celeris_client import (AsyncCelerisClient, CelerisClient, DeadlineExceeded, InvalidArgument, Overloaded, RetryPolicy,
                      Unauthenticated)
 from tests.integration.live_server import live_server
 

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 
 from celeris.v1 import generation_pb2 as pb
-from clients import CelerisClient, InvalidArgument
-from engine.params import SamplingParams
+from celeris_client import CelerisClient, InvalidArgument
+from celeris.engine.params import SamplingParams
 from tests.integration.conftest import collect, running_server
 from tests.integration.live_server import live_server
 
@@ -73,7 +73,7 @@ def test_http_and_the_python_client_take_the_knobs_and_report_the_cache(tiny_llm
 
 
 async def test_grpc_stop_options_reach_the_engine():
-    from engine.llm import LLM
+    from celeris.engine.llm import LLM
 
     llm = LLM.load()  # the embedded model ends its answers with EOS
     base = dict(prompt="37+45=", gen_length=8, steps=8, block_length=8, seed=0)
@@ -105,7 +105,7 @@ async def test_grpc_logprobs_on_the_last_message(tiny_llm):
 
 
 async def test_grpc_stop_strings_cut_the_final_text():
-    from engine.llm import LLM
+    from celeris.engine.llm import LLM
 
     llm = LLM.load()
     base = dict(prompt="She was", gen_length=32, steps=32, block_length=8, seed=0)  # a full canvas of text
@@ -136,7 +136,7 @@ def test_celeris_generate_n_prints_each_sample(tiny_llm):
     import sys
 
     with live_server(tiny_llm) as live:
-        out = subprocess.run([sys.executable, "-m", "server.cli", "generate", "--server", live.grpc_target, PROMPT,
+        out = subprocess.run([sys.executable, "-m", "celeris.server.cli", "generate", "--server", live.grpc_target, PROMPT,
                               "--gen-length", "8", "--steps", "8", "--block-length", "8", "--temperature", "1",
                               "--seed", "3", "--n", "3"], capture_output=True, text=True, timeout=120, check=True)
         with CelerisClient(live.grpc_target) as c:
@@ -148,7 +148,7 @@ def test_celeris_generate_n_prints_each_sample(tiny_llm):
 def test_penalties_reach_the_engine_on_every_surface():
     """frequency / presence penalty over gRPC, HTTP and the Python client decode as the engine
     does; out of range is refused by name."""
-    from engine.llm import LLM
+    from celeris.engine.llm import LLM
 
     llm = LLM.load()  # celeris-tiny: its greedy prose loops without a penalty
     prompt = "Edward had been staying several weeks in the"

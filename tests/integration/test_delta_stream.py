@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from celeris.v1 import generation_pb2 as pb
-from clients.canvas import Canvas
-from clients.client import CelerisClient
-from clients.types import Snapshot
-from engine.config import EngineConfig
-from engine.llm import LLM
+from celeris_client.canvas import Canvas
+from celeris_client.client import CelerisClient
+from celeris_client.types import Snapshot
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
 from tests.integration.conftest import collect, running_server
 from tests.integration.live_server import live_server
 

@@ -28,8 +28,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from server.health import SERVICE_NAME
-from server.telemetry import Metrics
+from celeris.server.health import SERVICE_NAME
+from celeris.server.telemetry import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -78,7 +78,7 @@ def container(docs: list[dict]) -> dict:
 def serve_args(docs: list[dict]):
     """The container's args as `celeris serve` parses them, with Kubernetes' $(VAR) expansion
     from the ConfigMap (an unknown variable stays literal, as the kubelet leaves it)."""
-    from server.cli import build_parser
+    from celeris.server.cli import build_parser
 
     c = container(docs)
     cm = one(docs, "ConfigMap")
@@ -347,13 +347,13 @@ def test_dockerfile_parses_into_a_sane_image(path):
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_entrypoint_ports_and_default_args_match_the_server(path):
-    from server.cli import build_parser
+    from celeris.server.cli import build_parser
 
     cmds = instructions(path)
     (entry,) = [c for c in cmds if c.cmd == "ENTRYPOINT"]
     (cmd,) = [c for c in cmds if c.cmd == "CMD"]
     assert entry.json and cmd.json, "exec form, so SIGTERM reaches the server (no shell in between)"
-    assert list(entry.value) == ["celeris", "serve"] and PYPROJECT["project"]["scripts"]["celeris"] == "server.cli:main"
+    assert list(entry.value) == ["celeris", "serve"] and PYPROJECT["project"]["scripts"]["celeris"] == "celeris.server.cli:main"
     a = build_parser().parse_args([*entry.value[1:], *cmd.value])
     exposed = {int(p) for v in instruction_values(path, "EXPOSE") for p in v.split()}
     assert exposed == {a.port, a.http_port, a.metrics_port} == {50051, 8080, 9090}

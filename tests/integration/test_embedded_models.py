@@ -6,8 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from clients.client import CelerisClient
-from engine.llm import EMBEDDED_MODELS, LLM
+from celeris_client.client import CelerisClient
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from tests.integration.live_server import live_server
 
 

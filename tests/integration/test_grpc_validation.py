@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celeris.v1 import generation_pb2 as pb
-from engine.errors import InvalidRequest
-from server import convert
+from celeris.engine.errors import InvalidRequest
+from celeris.server import convert
 from tests.integration.conftest import collect, small
 
 

@@ -140,7 +140,7 @@ def test_browser_simple_bodies_are_refused(tiny_llm, content_type):
 
 
 def test_echoed_input_is_truncated_in_errors_and_logs(tiny_llm):
-    from server.telemetry import configure_logging
+    from celeris.server.telemetry import configure_logging
 
     logs = io.StringIO()
     configure_logging(json_logs=True, stream=logs)

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from server.health import SERVICE_NAME
+from celeris.server.health import SERVICE_NAME
 from tests.integration.h2_client import ParkingConnection, settle
 from tests.integration.server_process import free_port
 

@@ -138,7 +138,7 @@ def test_cors_wildcard(tiny_llm):
 
 
 def test_serve_flag_allowed_origins():
-    from server.cli import build_parser
+    from celeris.server.cli import build_parser
 
     a = build_parser().parse_args(["serve", "--allowed-origins", ORIGIN, "http://localhost:3000"])
     assert a.allowed_origins == [ORIGIN, "http://localhost:3000"]

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from clients import CelerisClient
+from celeris_client import CelerisClient
 from tests.integration.live_server import LiveServer, live_server
 
 PROMPT = "It is a truth universally"

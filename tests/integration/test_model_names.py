@@ -95,7 +95,7 @@ def test_default_is_the_models_own_name(tiny_llm):
 
 
 def test_serve_flag_takes_a_name_and_aliases():
-    from server.cli import build_parser
+    from celeris.server.cli import build_parser
 
     a = build_parser().parse_args(["serve", "--served-model-name", "celeris-tiny", "tiny"])
     assert a.served_model_names == ["celeris-tiny", "tiny"]

@@ -13,7 +13,7 @@ import grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
+from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 from tests.integration.conftest import collect, small
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from engine.llm import LLM
+from celeris.engine.llm import LLM
 from tests.integration.live_server import live_server
 
 PROSE = "It is a truth universally"

@@ -16,9 +16,9 @@ import pytest
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["It is a truth universally", "1 + 2 ="]
@@ -104,7 +104,7 @@ def test_a_hung_worker_is_named_after_the_collective_timeout(spawn):
 
 
 def test_run_and_bench_in_process_take_the_flag(tiny_model_dir, tmp_path, capsys):
-    from server.cli import main as celeris
+    from celeris.server.cli import main as celeris
 
     run = ["run", "--model", str(tiny_model_dir), "--prompt", "It is a truth", "--gen-length", "16",
            "--steps", "8", "--block-length", "8", "--seed", "4", "--json"]

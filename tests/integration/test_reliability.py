@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from engine.training.data import EOS_ID, MASK_ID
+from celeris.engine.training.data import EOS_ID, MASK_ID
 from tests.integration.server_process import ServerProcess, field_violations, retry_delay_s
 
 pytestmark = pytest.mark.slow

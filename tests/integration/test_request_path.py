@@ -22,7 +22,7 @@ from tests.integration.conftest import collect, small
 from tests.integration.live_server import live_server
 from tests.integration.server_process import free_port
 from tests.integration.test_http_gateway import post, sse_events
-from server.telemetry import Metrics, Telemetry, make_tracer_provider
+from celeris.server.telemetry import Metrics, Telemetry, make_tracer_provider
 
 
 def traced():
@@ -37,7 +37,7 @@ def counter(tel: Telemetry, name: str, **labels) -> float:
 def test_both_doors_report_the_same_totals_for_adaptive_decoding(tiny_llm):
     knobs = dict(gen_length=32, block_length=8, steps=8, threshold=0.5, seed=4)
     with live_server(tiny_llm) as live:
-        from clients import CelerisClient
+        from celeris_client import CelerisClient
 
         with CelerisClient(live.grpc_target) as c:
             snaps = list(c.stream(PROMPT_TEXT, **knobs))

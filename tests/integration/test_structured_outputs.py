@@ -11,8 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-from clients import CelerisClient, InvalidArgument
-from engine.llm import LLM
+from celeris_client import CelerisClient, InvalidArgument
+from celeris.engine.llm import LLM
 from tests.integration.live_server import live_server
 
 SCHEMA = {"type": "object", "required": ["name", "n", "tags"], "additionalProperties": False, "properties": {

@@ -19,7 +19,7 @@ PROSE = "It is a truth universally acknowledged"
 @pytest.fixture(scope="module")
 def tiny_live():
     """The embedded celeris-tiny: its tokenizer adds a BOS, so add_special_tokens has work to do."""
-    from engine.llm import LLM
+    from celeris.engine.llm import LLM
 
     llm = LLM.load()
     with live_server(llm) as s:
@@ -106,7 +106,7 @@ def test_api_key_flag_and_metrics_on_the_api_port(spawn):
 
 
 def test_api_token_stays_an_alias_and_metrics_on_http_is_off_by_default():
-    from server.cli import build_parser
+    from celeris.server.cli import build_parser
 
     p = build_parser()
     assert p.parse_args(["serve", "--api-key", "k"]).api_token == "k"

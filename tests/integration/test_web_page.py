@@ -235,8 +235,8 @@ def test_the_default_prompt_is_one_the_embedded_model_answers():
     addition); docs/models.md has the measurement behind the choice."""
     import re
 
-    from engine.llm import LLM
-    from engine.params import fit_lengths
+    from celeris.engine.llm import LLM
+    from celeris.engine.params import fit_lengths
 
     page = (Path(__file__).resolve().parents[2] / "clients" / "web" / "index.html").read_text()
     prompt = re.search(r'<textarea id="prompt"[^>]*>([^<]*)</textarea>', page).group(1)

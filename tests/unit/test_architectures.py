@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from engine.config import KNOWN_ARCHITECTURES, ModelConfig
-from engine.errors import ModelLoadError
-from engine.weights import load_model
+from celeris.engine.config import KNOWN_ARCHITECTURES, ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.weights import load_model
 
 DREAM = {
     "architectures": ["DreamModel"], "hidden_size": 64, "num_attention_heads": 4,

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from engine.batching import Group, Picker, partition
-from engine.config import EngineConfig
-from engine.llm import LLM
+from celeris.engine.batching import Group, Picker, partition
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
 
 
 def test_partition_keeps_like_lengths_together_and_splits_far_ones():

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidRequest
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
                                                      write_sdar_checkpoint)
 from tests.unit.block_references.generate import llada2_generate, sdar_generate
@@ -161,7 +161,7 @@ def test_celeris_run_json_equals_the_published_loop(tmp_path, kind):
 
     folder = (write_sdar_checkpoint if kind == "sdar" else write_llada2_checkpoint)(tmp_path, seed=1)
     prompt = "It is a truth universally acknowledged"
-    out = subprocess.run([sys.executable, "-m", "server.cli", "run", "--model", str(folder), "--prompt", prompt,
+    out = subprocess.run([sys.executable, "-m", "celeris.server.cli", "run", "--model", str(folder), "--prompt", prompt,
                           "--gen-length", "16", "--block-length", "4", "--steps", "16", "--threshold", "0.3",
                           "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout)

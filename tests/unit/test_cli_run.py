@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from server.cli import main
+from celeris.server.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "celeris.server.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_run_json_output(tiny_model_dir, capsys):
@@ -80,7 +80,7 @@ def test_run_timings_split_on_the_embedded_model():
 def test_skip_meta_init_only_skips_meta_tensors():
     import torch
 
-    from engine.weights import skip_meta_init
+    from celeris.engine.weights import skip_meta_init
 
     before = torch.nn.init.normal_
     with skip_meta_init():

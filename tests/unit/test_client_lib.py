@@ -10,9 +10,9 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from celeris.v1 import generation_pb2 as pb
-from clients import CelerisClient, InvalidArgument, Overloaded, RetryPolicy, Unavailable
-from clients.errors import error_from_rpc
-from clients.types import build_request
+from celeris_client import CelerisClient, InvalidArgument, Overloaded, RetryPolicy, Unavailable
+from celeris_client.errors import error_from_rpc
+from celeris_client.types import build_request
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
 
@@ -171,8 +171,8 @@ def test_tls_choice():
 
 def test_streams_ask_for_deltas_unless_told_otherwise():
     from celeris.v1 import generation_pb2 as pb
-    from clients.client import _delta_default
-    from clients.types import build_request
+    from celeris_client.client import _delta_default
+    from celeris_client.types import build_request
 
     assert build_request("x").stream_options.format == pb.SNAPSHOT_FORMAT_UNSPECIFIED  # raw requests: as before
     assert build_request("x", **_delta_default({})).stream_options.format == pb.SNAPSHOT_FORMAT_DELTA

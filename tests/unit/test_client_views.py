@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from clients.batch import done_ids, parse_line, read_items
-from clients.progress import Progress, percentile
-from clients.types import Snapshot, Token, Usage
-from clients.view import GUESS, HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
+from celeris_client.batch import done_ids, parse_line, read_items
+from celeris_client.progress import Progress, percentile
+from celeris_client.types import Snapshot, Token, Usage
+from celeris_client.view import GUESS, HIGHLIGHT, MASK, LiveView, render_canvas, rows, sanitize
 
 
 def snapshot(cells, done=False, step=1, usage=None) -> Snapshot:

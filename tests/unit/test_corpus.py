@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from engine.training.corpus import (
+from celeris.engine.training.corpus import (
     INTSXP,
     LGLSXP,
     REALSXP,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.detok import IncrementalDetokenizer
-from engine.sequence import stop_cut
-from engine.tokenizer import MASK_MARKER, Tokenizer
-from engine.training import data
+from celeris.engine.detok import IncrementalDetokenizer
+from celeris.engine.sequence import stop_cut
+from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.training import data
 from tests.helpers import tiny_config
 
 TINY = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"

@@ -16,10 +16,10 @@ import sys
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 from tests.unit.references.checkpoints import TINY_MASK, write_dream_checkpoint, write_llada_checkpoint
 from tests.unit.references.dream_generate import dream_generate, dream_generate_cached
 from tests.unit.references.dream_modeling import DreamReference
@@ -170,7 +170,7 @@ def test_factor_rule_fast_dllm_commits_one_more_than_the_paper_when_only_the_las
     sorted_conf = torch.tensor([0.99, 0.9, 0.2], dtype=torch.float64)  # f=1: bounds -, 0.667, 0.75
     assert factor_count(sorted_conf, 1.0, "fast_dllm") == 3
     assert factor_count(sorted_conf, 1.0, "paper") == 2
-    from engine.sampler import _factor_count
+    from celeris.engine.sampler import _factor_count
 
     n_cand = torch.tensor([3])
     f = torch.tensor([1.0], dtype=torch.float64)
@@ -253,7 +253,7 @@ def test_celeris_run_json_equals_the_published_loops(llada_dirs, dream_dirs, cas
     folder = (llada_dirs if family == "llada" else dream_dirs)[dtype]
     prompt = "It is a truth universally acknowledged"
     out = subprocess.run(
-        [sys.executable, "-m", "server.cli", "run", "--model", str(folder), "--dtype", dtype, "--prompt", prompt,
+        [sys.executable, "-m", "celeris.server.cli", "run", "--model", str(folder), "--dtype", dtype, "--prompt", prompt,
          "--gen-length", "16", "--temperature", "0", "--json", *flags], capture_output=True, text=True, timeout=300,
         check=True)
     got = json.loads(out.stdout)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.graphs import GraphCache, eager_capture
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.graphs import GraphCache, eager_capture
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 
 

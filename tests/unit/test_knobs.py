@@ -16,12 +16,12 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 from celeris.v1 import generation_pb2 as pb
-from clients import types as client_types
-from engine.knobs import BOOL, CHOICE, FLOAT, IDS, INT, KNOBS, STRINGS, markdown, on
-from engine.params import SamplingParams
-from server.cli_args import add_sampling_args, sampling_from_args
-from server.convert import sampling_params
-from server.openai_api import parse_request
+from celeris_client import types as client_types
+from celeris.engine.knobs import BOOL, CHOICE, FLOAT, IDS, INT, KNOBS, STRINGS, markdown, on
+from celeris.engine.params import SamplingParams
+from celeris.server.cli_args import add_sampling_args, sampling_from_args
+from celeris.server.convert import sampling_params
+from celeris.server.openai_api import parse_request
 
 ROOT = Path(__file__).resolve().parents[2]
 # One non-default value per knob, exactly representable in float32 (the proto's floats).
@@ -114,4 +114,4 @@ def test_the_page_controls_are_http_knobs():
 
 @pytest.mark.parametrize("doc", ["docs/sampling.md"])
 def test_the_knob_doc_is_generated_from_the_table(doc):
-    assert (ROOT / doc).read_text() == markdown(), "regenerate: python -m engine.knobs > docs/sampling.md"
+    assert (ROOT / doc).read_text() == markdown(), "regenerate: python -m celeris.engine.knobs > docs/sampling.md"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.params import SamplingParams
+from celeris.engine.params import SamplingParams
 
 
 def run(llm, ids, **kw):
@@ -46,7 +46,7 @@ def test_no_logprobs_unless_asked_and_the_output_is_the_same(tiny_llm):
 
 
 def test_logprobs_limit():
-    from engine.errors import InvalidRequest
+    from celeris.engine.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="logprobs"):
         SamplingParams(logprobs=21).validate()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
-from engine.params import SamplingParams
-from engine.params import fit_lengths
-from server.openai_api import error_response, parse_request, rename_fields
+from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
+from celeris.engine.params import SamplingParams
+from celeris.engine.params import fit_lengths
+from celeris.server.openai_api import error_response, parse_request, rename_fields
 
 D = SamplingParams(gen_length=64, steps=64, block_length=32)
 
@@ -86,7 +86,7 @@ def test_bad_fields_are_named(body, chat, param):
 
 
 def test_several_prompts_and_n_become_one_engine_request_per_choice():
-    from server.openai_api import engine_requests
+    from celeris.server.openai_api import engine_requests
 
     r = parse({"prompt": ["a", [5, 6]], "n": 2, "seed": 10})
     reqs = engine_requests(r, "req")
@@ -116,7 +116,7 @@ def test_stop_and_logprobs_map_onto_the_engine():
 
 def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
     """The gateway only maps; the engine's request builder validates roles, as for gRPC."""
-    from server.openai_api import engine_requests
+    from celeris.server.openai_api import engine_requests
 
     req = parse({"messages": [{"role": "robot", "content": "x"}, {"role": "user",
                               "content": [{"type": "text", "text": 5}]}]}, chat=True)
@@ -143,8 +143,8 @@ def test_error_table():
 def test_one_error_table_serves_both_doors():
     import grpc
 
-    from engine.errors import ModelLoadError, StepFailed
-    from server.errors import Unauthenticated, UnsupportedMediaType, kind_of, to_openai, to_status
+    from celeris.engine.errors import ModelLoadError, StepFailed
+    from celeris.server.errors import Unauthenticated, UnsupportedMediaType, kind_of, to_openai, to_status
 
     cases = [(InvalidRequest([FieldViolation("x", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 400),
              (UnsupportedMediaType([FieldViolation("Content-Type", "bad")]), grpc.StatusCode.INVALID_ARGUMENT, 415),

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.config import EngineConfig, ModelConfig
-from engine.errors import ModelLoadError
-from engine.llm import LLM
-from engine.parallel.group import Plan, check_sizes
-from engine.parallel.shard import COLUMN, KV, RANK0, ROW, WHOLE, how, shard_config
+from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.llm import LLM
+from celeris.engine.parallel.group import Plan, check_sizes
+from celeris.engine.parallel.shard import COLUMN, KV, RANK0, ROW, WHOLE, how, shard_config
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 from tests.unit.references.checkpoints import write_dream_checkpoint, write_llada_checkpoint
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.params import SamplingParams, fit_lengths
+from celeris.engine.params import SamplingParams, fit_lengths
 
 DEFAULTS = SamplingParams(gen_length=64, steps=32, block_length=8)
 
@@ -34,7 +34,7 @@ def test_explicit_values_are_never_changed():
 
 def test_zero_gen_length_is_a_field_error_not_a_crash():
     # Found by the gRPC fuzz test: gen_length 0 with block_length 1 used to divide by zero blocks.
-    from engine.errors import InvalidRequest
+    from celeris.engine.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="gen_length"):
         SamplingParams(gen_length=0, steps=1, block_length=1).validate(256)

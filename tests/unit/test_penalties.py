@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import InvalidRequest
-from engine.llm import LLM
-from engine.params import SamplingParams, fit_lengths
-from engine.reference import reference_generate
-from engine.sampler import penalize
-from engine.training.evaluate import distinct_ngrams
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams, fit_lengths
+from celeris.engine.reference import reference_generate
+from celeris.engine.sampler import penalize
+from celeris.engine.training.evaluate import distinct_ngrams
 
 MASK = 3
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidRequest
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.config import EngineConfig
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 from tests.helpers import simulated_llm
 from tests.unit.block_references.checkpoints import write_sdar_checkpoint
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from engine.training.skill import (
+from celeris.engine.training.skill import (
     OPERANDS,
     heldout_pairs,
     is_correct,

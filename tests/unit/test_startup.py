@@ -3,7 +3,7 @@ host's load leave free names --threads; a fitting count says nothing."""
 
 from __future__ import annotations
 
-from server.startup import CpuBudget, thread_warning
+from celeris.server.startup import CpuBudget, thread_warning
 
 
 def test_more_threads_than_the_affinity_mask():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.llm import LLM
-from engine.params import SamplingParams
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
 
 ADD = "37+45="  # celeris-tiny answers two digits, then EOS
 

@@ -12,14 +12,14 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from engine.errors import InvalidRequest
-from engine.llm import EMBEDDED_MODELS, LLM
-from engine.requests import Request
-from engine.config import ModelConfig
-from engine.structured.constraint import Compiler, Constraint, StructureError, Structured
-from engine.tokenizer import Tokenizer
-from engine.structured.regexes import int_range, max_width, RegexError
-from engine.structured.schema import SchemaError, compile_schema
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.config import ModelConfig
+from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
+from celeris.engine.tokenizer import Tokenizer
+from celeris.engine.structured.regexes import int_range, max_width, RegexError
+from celeris.engine.structured.schema import SchemaError, compile_schema
 
 PERSON = {"type": "object", "required": ["name", "age", "ok", "tags", "score", "color", "addr"], "properties": {
     "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},

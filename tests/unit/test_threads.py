@@ -1,4 +1,4 @@
-"""engine.threads: torch's default threads follow the CPUs this process may use (affinity and
+"""celeris.engine.threads: torch's default threads follow the CPUs this process may use (affinity and
 cgroup quota), read from fake /proc/self/cgroup and cgroup trees."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import threads
+from celeris.engine import threads
 
 
 def _write(path: Path, text: str) -> None:
@@ -130,10 +130,10 @@ def test_a_scheduler_given_the_loading_thread_steps_on_it(tiny_model_dir):
     import asyncio
     import threading
 
-    from engine.config import EngineConfig
-    from engine.llm import LLM
-    from engine.params import SamplingParams
-    from engine.scheduler import Scheduler
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
+    from celeris.engine.params import SamplingParams
+    from celeris.engine.scheduler import Scheduler
 
     tt = threads.TensorThread(name="test-tensor")
     llm = tt.call(LLM.load, tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_gen_length=64))

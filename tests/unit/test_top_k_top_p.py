@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import InvalidRequest
-from engine.params import SamplingParams
-from engine.sampler import filter_logits
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.params import SamplingParams
+from celeris.engine.sampler import filter_logits
 
 
 def test_top_k_keeps_the_k_largest_and_their_ties():

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.training import data
-from engine.training.evaluate import distinct_ngrams, evaluate, format_report
-from engine.training.objective import block_loss, block_mask, full_loss, stratified_t
-from engine.training.tasks import CANVASES
-from engine.training.train import train
+from celeris.engine.llm import LLM
+from celeris.engine.training import data
+from celeris.engine.training.evaluate import distinct_ngrams, evaluate, format_report
+from celeris.engine.training.objective import block_loss, block_mask, full_loss, stratified_t
+from celeris.engine.training.tasks import CANVASES
+from celeris.engine.training.train import train
 from tests.helpers import random_model, tiny_config
 
 needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None or shutil.which("dpkg") is None,
@@ -84,7 +84,7 @@ def test_training_smoke_run_produces_a_loadable_model(tmp_path, arch):
 
 @needs_apt
 def test_supervised_examples_end_in_eos_padding_to_their_canvas(tmp_path):
-    from engine.training.corpus import load_austen
+    from celeris.engine.training.corpus import load_austen
 
     novels = load_austen(tmp_path / "cache")
     tok = data.train_tokenizer([p for ps in novels.values() for p in ps[:200]], 512)
@@ -104,7 +104,7 @@ def test_long_canvas_additions_draw_the_long_canvases_they_are_weighted_to(tmp_p
     canvas 256, and every canvas still seen."""
     from collections import Counter
     from tokenizers import Tokenizer
-    from engine.training import tasks
+    from celeris.engine.training import tasks
     shipped = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"
     tok = Tokenizer.from_file(str(shipped / "tokenizer.json"))
     novels = {"Emma": ["Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years."] * 60}

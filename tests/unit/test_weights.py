@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.errors import ModelLoadError
-from engine.weights import load_model, save_model
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.weights import load_model, save_model
 from tests.helpers import random_model, tiny_config
 
 
