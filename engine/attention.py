@@ -68,32 +68,62 @@ def left_padded_spans(key_mask: torch.Tensor, n_queries: int) -> list[RowSpan]:
     return [RowSpan(p if n_queries == Lk else 0, n_queries, p, Lk) for p in pads]
 
 
-def spans_to_mask(spans: Sequence[RowSpan], Lq: int, Lk: int, device: torch.device) -> torch.Tensor:
-    """The (B, 1, Lq, Lk) boolean mask of a batched kernel. Padded query rows may see every real
-    key of their row, so no row of the softmax is empty (their output is never read)."""
-    mask = torch.zeros(len(spans), 1, Lq, Lk, dtype=torch.bool)
-    for i, s in enumerate(spans):
-        mask[i, 0, :, s.k0:s.k1] = True
-        if s.allowed is not None:
-            mask[i, 0, s.q0:s.q1, s.k0:s.k1] = s.allowed
-    return mask.to(device)
+@dataclass(frozen=True)
+class Spans:
+    """Per-row spans of block-diffusion rows as tensors of static shape (no host loop, no sync).
+
+    Row b's real queries are its first q_len[b], at absolute positions k_end[b] - q_len[b] + i,
+    and see keys [0, k_end[b]): all of them (causal[b] == 0: a block, bidirectional) or, while a
+    prompt is prefilled, those whose block (of causal[b] positions) is not after the query's.
+    Padded queries see every real key of their row, so no row of the softmax is empty."""
+
+    q_len: torch.Tensor  # (B,) long
+    k_end: torch.Tensor  # (B,) long, >= 1
+    causal: torch.Tensor  # (B,) long: block length of a block-causal row, 0 for bidirectional
+
+    def mask(self, Lq: int, Lk: int) -> torch.Tensor:
+        """The (B, 1, Lq, Lk) boolean mask of one batched kernel."""
+        dev = self.k_end.device
+        i = torch.arange(Lq, device=dev)[None, :, None]  # (1, Lq, 1)
+        j = torch.arange(Lk, device=dev)[None, None, :]  # (1, 1, Lk)
+        real_key = j < self.k_end[:, None, None]  # (B, 1, Lk)
+        block = self.causal.clamp_min(1)[:, None, None]
+        q_pos = (self.k_end - self.q_len)[:, None, None] + i  # (B, Lq, 1)
+        causal_ok = (self.causal[:, None, None] == 0) | (j // block <= q_pos // block)
+        padded_query = i >= self.q_len[:, None, None]
+        return (real_key & (causal_ok | padded_query))[:, None]
+
+    def rows(self) -> list[RowSpan]:
+        """The same spans row by row (one host read), for the per-row kernel calls."""
+        out = []
+        for w, e, c in zip(self.q_len.tolist(), self.k_end.tolist(), self.causal.tolist()):
+            allowed = None
+            if c:
+                allowed = torch.arange(e)[None, :] // c <= torch.arange(e - w, e)[:, None] // c
+            out.append(RowSpan(0, w, 0, e, allowed))
+        return out
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: Optional[torch.Tensor | Sequence[RowSpan]], gqa: bool) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.Tensor | Sequence[torch.Tensor],
+           mask: Optional[torch.Tensor | Sequence[RowSpan] | Spans], gqa: bool) -> torch.Tensor:
     """Attention of q (B, H, Lq, Dh) over k, v (B, Hk, Lk, Dh): no mask, a boolean mask
     (B, 1, Lq|1, Lk), or per-row spans.
 
     With spans each row attends alone over its real keys, without a mask where it needs none:
     the very call a lone unpadded request makes, so a row's bits do not depend on the batch it
     shares (the masked batched kernel rounds differently in bfloat16). Padded queries give zeros.
+    k and v may then be per-row tensors (1, Hk, >= k1, Dh), views of a cache read in place.
+    `Spans` give one masked kernel over the batch, of static shape (CUDA graphs).
     """
+    if isinstance(mask, Spans):
+        mask = mask.mask(q.shape[2], k.shape[2])
     if mask is None or isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     out = q.new_zeros(q.shape)
     for i, s in enumerate(mask):
         allowed = None if s.allowed is None else s.allowed.to(q.device)
+        ki, vi = (k[i], v[i]) if isinstance(k, (list, tuple)) else (k[i:i + 1], v[i:i + 1])
         out[i:i + 1, :, s.q0:s.q1] = F.scaled_dot_product_attention(
-            q[i:i + 1, :, s.q0:s.q1], k[i:i + 1, :, s.k0:s.k1], v[i:i + 1, :, s.k0:s.k1],
+            q[i:i + 1, :, s.q0:s.q1], ki[:, :, s.k0:s.k1], vi[:, :, s.k0:s.k1],
             attn_mask=allowed, enable_gqa=gqa)
     return out

@@ -10,9 +10,12 @@ batches all running requests whatever block each is at, in at most two forwards:
   block. A denoise row then commits tokens (`sampler.select_tokens`, the published rules); a
   store row (its block just finished) writes the block's keys/values to the cache.
 
-Fresh positions replace nothing: their keys/values are scattered at their columns of a copy
-of each row's cached prefix, padded positions of shorter rows land in scratch columns no real
-query sees. Selection is the full-canvas runner's (`sampler.select_tokens` over a
+Fresh positions replace nothing: their keys/values are written in place at their columns of
+the slot's cache (a prefill's and a store row's for good; a denoise row's are rewritten by its
+block's store step), padded positions of shorter rows in scratch columns no real query sees, and
+attention reads each row's prefix where it lies (`cache.BlockCache`). On CUDA the block forward
+runs at static shapes (batch buckets, `attention.Spans` masks, the MoE's every-expert path) and
+replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the full-canvas runner's (`sampler.select_tokens` over a
 `SamplingBatch`) under the family's rule; the contract is `runner_api.StepRunner`.
 """
 
@@ -23,12 +26,14 @@ from typing import Optional, Sequence as Seq
 
 import torch
 
-from celeris.engine.attention import RowSpan
+from celeris.engine.attention import Spans
 from celeris.engine.block_sequence import DENOISE, PREFILL, BlockSequence
-from celeris.engine.cache import BlockKVStore
+from celeris.engine.cache import BlockCache, BlockKVStore
 from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
-from celeris.engine.model import KVCache, MaskPredictor
+from celeris.engine.graphs import GraphCache, use_graph
+from celeris.engine.model import MaskPredictor
+from celeris.engine.moe import MoE
 from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
 from celeris.engine.sampler import published_order, select_tokens, with_edits
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
@@ -45,8 +50,38 @@ class BlockRunner:
         # Prompt + canvas rounded up to whole blocks (a block is at most gen_length long).
         self.max_len = config.max_prompt_tokens + 2 * config.max_gen_length
         self.tokens = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
-        self.kv = model.kv_store(BlockKVStore, self.slots + 1, self.max_len)
-        self.use_graphs = False  # the MoE expert loop and per-row spans are data-dependent: eager
+        # Scratch columns past max_len take padded fresh positions (a prefill chunk is the widest).
+        scratch = max(config.prefill_chunk, config.max_gen_length)
+        self.kv = model.kv_store(BlockKVStore, self.slots + 1, self.max_len, scratch=scratch)
+        # The static-shape path (batch buckets, one masked kernel per layer, the MoE's static
+        # experts) is what a CUDA graph captures; on CUDA it always runs, replayed from graphs
+        # where the bucket policy says so. On the CPU rows attend one by one over views of the
+        # cache (bits independent of the batch); set `static` to run the graph's path eagerly.
+        # (A model split over ranks runs eager: its forward talks to the worker processes.)
+        self.use_graphs = self.device.type == "cuda" and config.cuda_graphs and isinstance(model, MaskPredictor)
+        self.static = self.device.type == "cuda"
+        self._graphs = GraphCache()
+        self._graphed = False
+        cfg = model.cfg  # a graphed MoE step computes every expert: E/k times the expert work
+        self._graph_cost = max(1, cfg.num_experts // cfg.experts_per_token) if cfg.num_experts else 1
+
+    @property
+    def static(self) -> bool:
+        return self._static
+
+    @static.setter
+    def static(self, on: bool) -> None:
+        self._static = on
+        # The MoE layers compute every expert at a static shape in a graph (its warm-up and
+        # capture); on the CPU the static path does so eagerly, where tests compare it with the
+        # expert loop. (An eager CUDA step keeps the loop: a launch per chosen expert.)
+        self._set_moe_static(on and self.device.type == "cpu")
+
+    def _set_moe_static(self, on: bool) -> None:
+        if not hasattr(self, "_moes"):  # found once: a MoE model holds thousands of modules
+            self._moes = [m for m in self.model.modules() if isinstance(m, MoE)]
+        for m in self._moes:
+            m.static = on
 
     @property
     def forward_overhead_tokens(self) -> int:
@@ -75,65 +110,76 @@ class BlockRunner:
     def step(self, seqs: Seq[BlockSequence]) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         results = [EMPTY] * len(seqs)
-        committed, forwards, widest = 0, 0, (0, 0, 0)
+        committed, forwards, widest, graphed = 0, 0, (0, 0, 0), False
         for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
                       [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
             if not group:
                 continue
             rows = [seqs[i] for i in group]
+            self._graphed = False
             for i, r in zip(group, self._forward(rows)):
                 results[i] = r
                 committed += len(r.positions)
             forwards += 1
+            graphed |= self._graphed
             B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
             widest = max(widest, (B * Wq, B, Wq))
         return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
-                                  False, forwards)
+                                  graphed, forwards)
 
     def _forward(self, rows: list[BlockSequence]) -> list[RowResult]:
-        """One forward over the rows' fresh windows; store and select as each row's phase asks."""
+        """One forward over the rows' fresh windows; select where a row denoises. Every row's
+        keys/values land in the cache in place, so those of a prefill, a store step and an editing
+        block's last post step (`BlockSequence.stores_block`) are the ones kept."""
         windows = [s.window for s in rows]
-        widths = [e - s for s, e in windows]
-        B, Wq, Lc = len(rows), max(widths), max(e for _, e in windows)
-        dev = self.device
-        slots = torch.tensor([s.slot for s in rows], device=dev)
-        j = torch.arange(Wq, device=dev)
-        start = torch.tensor([s for s, _ in windows], device=dev)
-        width = torch.tensor(widths, device=dev)
-        real = j[None, :] < width[:, None]  # (B, Wq)
-        cols = torch.where(real, start[:, None] + j[None, :], Lc + j[None, :])  # padded -> scratch
+        B, Wq, Lc = len(rows), max(e - s for s, e in windows), max(e for _, e in windows)
+        prefill = all(s.phase == PREFILL for s in rows)
+        static = self.static and not prefill  # prefill chunks run eager at their exact shape
+        Bp = self.config.bucket_batch(B) if static else B
+        geo = [[s.slot, start, end - start, s.params.block_length if s.phase == PREFILL else 0]
+               for s, (start, end) in zip(rows, windows)]
+        geo += [[self.slots, 0, 0, 0]] * (Bp - B)  # padding rows: the spare slot, nothing real
+        slots, start, width, causal = torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device)
+        j = torch.arange(Wq, device=self.device)
+        real = j[None, :] < width[:, None]  # (Bp, Wq)
+        cols = torch.where(real, start[:, None] + j[None, :], self.max_len + j[None, :])  # padded -> scratch
         ids = torch.gather(self.tokens[slots], 1, cols.clamp(max=self.max_len - 1))
         ids = torch.where(real, ids, torch.full_like(ids, self.mask_id))
-        keys, values = self.kv.read_prefix(slots, Lc, scratch=Wq)
-        spans = [RowSpan(0, w, 0, e, self._allowed(s, e, w) if s.phase == PREFILL else None)
-                 for s, (_, e), w in zip(rows, windows, widths)]
-        prefill = all(s.phase == PREFILL for s in rows)
-        logits, kvs = self.model(ids, positions=start[:, None] + j[None, :], cache=KVCache(keys, values, None, cols),
-                                 spans=spans, return_kv=True, head=not prefill)
-        self._store([r for r, s in enumerate(rows) if s.stores_block], rows, windows, kvs)
+        positions = start[:, None] + j[None, :]
+        if static:
+            Lk = min(self.config.bucket_length(Lc), self.max_len)
+            inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1), causal)
+            self._graphed = self.use_graphs and use_graph(Bp * Wq * self._graph_cost, self.config.graph_max_tokens)
+            if self._graphed:
+                self._set_moe_static(True)  # the warm-up runs the captured path too
+                try:
+                    logits = self._graphs.run((Bp, Wq, Lk), inputs, lambda *x: self._static_forward(Lk, *x),
+                                              self._harmless(Bp, Wq))
+                finally:
+                    self._set_moe_static(self._static and self.device.type == "cpu")
+            else:
+                logits = self._static_forward(Lk, *inputs)
+        else:
+            spans = Spans(width, start + width, causal)
+            cache = BlockCache(self.kv, slots, cols, Lc, [(s.slot, e) for s, (_, e) in zip(rows, windows)])
+            logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head=not prefill)
         if prefill:
             return [EMPTY] * B
-        return self._select(rows, logits, ids, real, slots, start)
+        return self._select(rows, logits[:B], ids[:B], real[:B], slots[:B], start[:B])
 
-    def _allowed(self, s: BlockSequence, n_keys: int, width: int) -> torch.Tensor:
-        """Block-causal (width, n_keys) for a prefill chunk ending at n_keys."""
-        b = s.params.block_length
-        qb = torch.arange(n_keys - width, n_keys) // b
-        kb = torch.arange(n_keys) // b
-        return kb[None, :] <= qb[:, None]
+    def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end, causal) -> torch.Tensor:
+        """The block forward at a fixed shape: one masked attention kernel per layer over the
+        first Lk cache columns, the MoE's static expert computation; what a CUDA graph captures."""
+        return self.model(ids, positions=positions, cache=BlockCache(self.kv, slots, cols, Lk),
+                          spans=Spans(q_len, k_end, causal))
 
-    def _store(self, which: list[int], rows, windows, kvs) -> None:
-        if not which:
-            return
-        slot_idx, col_idx, row_idx, w_idx = [], [], [], []
-        for r in which:
-            s, e = windows[r]
-            slot_idx += [rows[r].slot] * (e - s)
-            col_idx += list(range(s, e))
-            row_idx += [r] * (e - s)
-            w_idx += list(range(e - s))
-        t = lambda x: torch.tensor(x, device=self.device)  # noqa: E731
-        self.kv.write_columns(t(slot_idx), t(col_idx), t(row_idx), t(w_idx), kvs)
+    def _harmless(self, B: int, Wq: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of a (B, Wq) bucket whose rows write only the spare slot's scratch columns."""
+        dev, j = self.device, torch.arange(Wq, device=self.device)
+        zeros = torch.zeros(B, dtype=torch.long, device=dev)
+        return (torch.full((B, Wq), self.mask_id, device=dev), j.expand(B, Wq).clone(),
+                torch.full((B,), self.slots, device=dev), (self.max_len + j).expand(B, Wq).clone(),
+                zeros, zeros + 1, zeros)
 
     def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
                 slots: torch.Tensor, start: torch.Tensor) -> list[RowResult]:

@@ -317,6 +317,11 @@ class EngineConfig:
     length_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graphs: bool = True  # only used on CUDA
+    # Graphs for forwards of at most this many fresh tokens (batch bucket x window, x E/k for a
+    # MoE model, whose graphed step computes every expert); larger ones run eager at their exact
+    # shape. LLaDA-8B graphs were slower than eager from batch 8 x 320 tokens on an H200; a first
+    # guess until scripts/bench_gpu.py measures the crossover on the device (0: never graph).
+    graph_max_tokens: int = 2048
     kv_cache: Literal["none", "prefix", "dual"] = "none"  # full-canvas models; block models keep an exact one
     prefill_chunk: int = 256  # block models: most prompt tokens one request prefills per step
     # What one more forward costs, in tokens of padding: running requests of very different

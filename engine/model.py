@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from celeris.engine.attention import RowSpan, apply_rope, attend, left_padded_spans, rope_tables, spans_to_mask
+from celeris.engine.attention import RowSpan, Spans, apply_rope, attend, left_padded_spans, rope_tables
 from celeris.engine.config import ModelConfig
 from celeris.engine.moe import MoE
 
@@ -52,6 +52,11 @@ class KVCache:
     key_mask: Optional[torch.Tensor]  # (B, Lc) bool, False for padding; None when there is none
     fresh: torch.Tensor  # (B, F) columns of the fresh positions
 
+    def attach(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys/values with the fresh k, v (B, Hk, F, Dh) at their columns."""
+        cols = self.fresh[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, Hk, F, Dh)
+        return self.keys[layer].scatter(2, cols, k), self.values[layer].scatter(2, cols, v)  # (B, Hk, Lc, Dh)
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
@@ -77,8 +82,7 @@ class Block(nn.Module):
             self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)  # down
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask,
-                past: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+                cache=None, layer: int = 0) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, L, _ = x.shape
         h = self.attn_norm(x)
         q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
@@ -88,11 +92,8 @@ class Block(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
         new_kv = (k, v)
-        if past is not None:  # fresh keys/values replace the cached ones at their columns
-            past_k, past_v, fresh = past
-            cols = fresh[:, None, :, None].expand(-1, self.n_kv_heads, -1, self.head_dim)  # (B, Hk, F, Dh)
-            k = past_k.scatter(2, cols, k)  # (B, Hk, Lc, Dh)
-            v = past_v.scatter(2, cols, v)
+        if cache is not None:  # fresh keys/values join the cached ones at their columns
+            k, v = cache.attach(layer, k, v)
         # No causal mask: every position sees every (non-padding) position.
         a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
         x = x + self._reduce(self.attn_out(a.transpose(1, 2).reshape(B, L, -1)))
@@ -134,9 +135,9 @@ class MaskPredictor(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.transformer.wte.weight.dtype
 
-    def kv_store(self, cls, rows: int, max_len: int):
+    def kv_store(self, cls, rows: int, max_len: int, **kw):
         """A KV cache store of class `cls` for this model's (shard's) key/value heads."""
-        return cls(self.shard_cfg, rows, max_len, self.transformer.wte.weight.device, self.dtype)
+        return cls(self.shard_cfg, rows, max_len, self.transformer.wte.weight.device, self.dtype, **kw)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         t = self.transformer
@@ -153,7 +154,7 @@ class MaskPredictor(nn.Module):
     def forward(self, ids: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                 positions: Optional[torch.Tensor] = None, out_index: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_kv: bool = False,
-                spans: Optional[list[RowSpan]] = None, head: bool = True):
+                spans: Optional[list[RowSpan] | Spans] = None, head: bool = True):
         """ids (B, L) -> logits (B, L, V), or (B, W, V) at `out_index` (B, W) positions.
 
         key_mask (B, L) is False at (left) padding keys; None means no padding, which keeps the
@@ -161,7 +162,8 @@ class MaskPredictor(nn.Module):
         token (as the published models see an unpadded prompt), so a row's logits and cached
         keys do not depend on how far it is padded. With a cache, ids are the fresh columns
         `cache.fresh` of the cached rows and positions must be given. `spans` (block models)
-        say per row which queries and keys are real and may meet; head=False skips the head
+        say per row which queries and keys are real and may meet (a list: row by row; `Spans`:
+        one masked kernel of static shape, with a `cache.BlockCache`); head=False skips the head
         (a prefill only wants the keys/values).
         Dream's logit shift is applied here so callers never see it.
         """
@@ -174,11 +176,10 @@ class MaskPredictor(nn.Module):
         cos, sin = rope_tables(positions, self.cfg.rotary_dim, self.cfg.rope_theta)
         if cache is not None:
             key_mask = cache.key_mask
-        Lk = L if cache is None else cache.keys[0].shape[2]
-        attn_mask: Optional[torch.Tensor | list[RowSpan]] = None
+        attn_mask: Optional[torch.Tensor | list[RowSpan] | Spans] = None
         cpu = ids.device.type == "cpu"
         if spans is not None:
-            attn_mask = spans if cpu else spans_to_mask(spans, L, Lk, ids.device)
+            attn_mask = spans
         elif key_mask is not None and cpu:  # row by row: batch-invariant bits
             attn_mask = left_padded_spans(key_mask, L)
         elif key_mask is not None:  # one masked kernel for the batch (GPU; CUDA graphs)
@@ -189,8 +190,7 @@ class MaskPredictor(nn.Module):
             x = x * (self.cfg.d_model ** 0.5)
         kvs = []
         for i, block in enumerate(self.transformer.blocks):
-            past = None if cache is None else (cache.keys[i], cache.values[i], cache.fresh)
-            x, kv = block(x, cos, sin, attn_mask, past)
+            x, kv = block(x, cos, sin, attn_mask, cache, i)
             kvs.append(kv)
         if self.cfg.logit_shift:  # position p is predicted from hidden state p-1
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)

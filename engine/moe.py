@@ -9,7 +9,8 @@ the chosen experts plus the shared expert(s), which every token passes through.
 
 The forward is batched over tokens: one loop over the experts that received any token, each a
 gather and one SwiGLU over its tokens (no Python loop over tokens); the k outputs of a token
-are weighed and summed in float32. The expert loop is data-dependent, so MoE steps run eager.
+are weighed and summed in float32. That loop is data-dependent; with `static` (and always
+inside a CUDA graph capture) every expert runs over every token instead, masked by the routing.
 Shapes: N tokens, D model width, E experts, k experts per token, I expert width.
 """
 
@@ -72,17 +73,14 @@ class MoE(nn.Module):
         # engine/parallel: `tp` the group; with `expert_parallel` this rank holds experts
         # [first_expert, first_expert + len(experts)) whole, else a hidden slice of every expert.
         self.tp, self.expert_parallel, self.first_expert = None, False, 0
+        self.static = False  # every expert over every token, masked: static shapes (CUDA graphs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, D)
         idx, weights = self.gate(flat)  # (N, k)
-        out = flat.new_zeros(flat.shape[0], idx.shape[1], shape[-1])  # (N, k, D): each token's k outputs
-        mine = range(self.first_expert, self.first_expert + len(self.experts))
-        for e in torch.unique(idx).tolist():  # only the experts some token chose (and this rank holds)
-            if e in mine:
-                rows, slots = (idx == e).nonzero(as_tuple=True)
-                out[rows, slots] = self.experts[e - self.first_expert](flat[rows])
+        static = self.static or (flat.is_cuda and torch.cuda.is_current_stream_capturing())
+        out = (self._every_expert if static else self._chosen_experts)(flat, idx)  # (N, k, D)
         if self.expert_parallel:  # each slot was filled by one rank, zeros elsewhere: an exact sum
             out = self.tp.all_reduce(out)
         # Weighed and summed over the k slots in float32, in slot order, as published.
@@ -92,3 +90,25 @@ class MoE(nn.Module):
         if self.tp is not None and not self.expert_parallel:  # hidden slices: partial sums
             y = self.tp.all_reduce(y)
         return y.view(shape)
+
+    def _chosen_experts(self, flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Each token's k outputs (N, k, D), computing only the experts some token chose (and
+        this rank holds): a data-dependent loop, one host read."""
+        out = flat.new_zeros(flat.shape[0], idx.shape[1], flat.shape[-1])
+        mine = range(self.first_expert, self.first_expert + len(self.experts))
+        for e in torch.unique(idx).tolist():
+            if e in mine:
+                rows, slots = (idx == e).nonzero(as_tuple=True)
+                out[rows, slots] = self.experts[e - self.first_expert](flat[rows])
+        return out
+
+    def _every_expert(self, flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The same (N, k, D) at static shapes: every expert this rank holds runs over every
+        token and its rows are kept where the token chose it. E/k times the expert compute, no
+        host read: what a graph captures at the few tokens of a denoise step (the bucket
+        policy keeps larger forwards eager)."""
+        out = flat.new_zeros(flat.shape[0], idx.shape[1], flat.shape[-1])
+        for e, expert in enumerate(self.experts):
+            chose = (idx == self.first_expert + e)[..., None]  # (N, k, 1)
+            out = torch.where(chose, expert(flat)[:, None, :], out)
+        return out

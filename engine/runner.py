@@ -8,9 +8,10 @@ A step packs the rows' geometry into one small tensor and their sampling knobs i
 `SamplingBatch` (one host->device copy each), runs one forward whose head is evaluated only on
 each row's current-block window, selects tokens with `sampler.select_tokens`, writes them back
 by position, and copies the per-row result to the host once (`runner_api.row_results`).
-On CUDA the forward of a fixed-shape bucket is captured once as a CUDA graph and replayed;
-selection runs after the replay, so no sampling knob keeps a request off the graph. On CPU it
-runs eagerly.
+On CUDA the forward of a fixed-shape bucket is captured once as a CUDA graph and replayed, in
+every mode (full, cfg, a cache block's store step, the prefix/dual cached steps over the
+preallocated cache), where the bucket policy (`graphs.use_graph`) says so; selection runs after
+the replay, so no sampling knob keeps a request off the graph. On CPU it runs eagerly.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import NamedTuple, Optional, Sequence as Seq
 
 import torch
 
-from celeris.engine.cache import KVCacheStore
+from celeris.engine.cache import CanvasCache, KVCacheStore
 from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
+from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
 from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
 from celeris.engine.sampler import published_order, select_tokens
@@ -71,8 +73,10 @@ class Runner:
         self.kv: KVCacheStore | None = None  # allocated on the first request that uses a cache
         if config.kv_cache != "none":
             self._cache_store()
-        self.use_graphs = self.device.type == "cuda" and config.cuda_graphs
-        self._graphs: dict[Bucket, tuple] = {}
+        # (A model split over ranks runs eager: its forward talks to the worker processes.)
+        self.use_graphs = self.device.type == "cuda" and config.cuda_graphs and isinstance(model, MaskPredictor)
+        self._graphs = GraphCache()
+        self.static = False  # run the graphs' bucket shapes eagerly (CPU tests of the graph path)
 
     def cache_mode(self, seq: Sequence) -> str:
         """The request's KV cache mode: its own choice, else the engine's default."""
@@ -133,12 +137,10 @@ class Runner:
         lead = self.model.cfg.logit_shift and not dream_loop
         return f"cached-{cache}" + ("-lead" if lead else ""), False
 
-    def _bucket(self, seqs: Seq[Sequence], mode: str) -> Bucket:
+    def _bucket(self, seqs: Seq[Sequence], mode: str) -> tuple[Bucket, bool]:
+        """(shape, graphed): graphs run a bucket's shape where the policy allows (few shapes to
+        capture); eager runs take the exact shape."""
         n, longest = len(seqs), max(s.length for s in seqs)
-        if self.use_graphs:  # few shapes to capture; eager runs take the exact shape
-            B, L = self.config.bucket_batch(n), min(self.config.bucket_length(longest), self.max_len)
-        else:
-            B, L = n, longest
         W = max(s.params.block_length for s in seqs)
         fresh = 0
         if mode.startswith("cached-prefix"):
@@ -146,11 +148,22 @@ class Runner:
         elif mode.startswith("cached-dual"):
             fresh = W
         fresh += mode.endswith("-lead")
-        return Bucket(B, L, W, padded=B > n or any(s.length < L for s in seqs), fresh=fresh)
+        B, L = self.config.bucket_batch(n), min(self.config.bucket_length(longest), self.max_len)
+        if mode.startswith("cached-prefix"):  # extra fresh columns repeat the row's last one
+            bucket_fresh = min(self.config.bucket_length(fresh), L)
+        else:
+            bucket_fresh = fresh
+        tokens = B * (bucket_fresh or L) * (2 if mode == "cfg" else 1)
+        graph = self.use_graphs and use_graph(tokens, self.config.graph_max_tokens)
+        if graph or self.static:
+            fresh = bucket_fresh
+        else:
+            B, L = n, longest
+        return Bucket(B, L, W, padded=B > n or any(s.length < L for s in seqs), fresh=fresh), graph
 
     def _pack(self, seqs: Seq[Sequence], mode: str, first_only: Seq[bool]):
         """(bucket, geometry (6, B) on the device, sampling record, spans) of one forward's rows."""
-        b = self._bucket(seqs, mode)
+        b, graph = self._bucket(seqs, mode)
         geo = [[s.slot, s.length, s.params.gen_length, s.block_start, s.params.block_length, int(first)]
                for s, first in zip(seqs, first_only)]
         geo += [[self.slots, 1, 1, 0, 0, 0]] * (b.B - len(seqs))  # padding rows: the spare slot, no block
@@ -164,7 +177,8 @@ class Runner:
         else:
             spans = [(s.length, len(s.prompt) + s.block_start) for s in seqs]
         spans += [(0, 0)] * (b.B - len(seqs))
-        return b, torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device), batch, spans
+        scale = torch.tensor([s.params.cfg_scale for s in seqs] + [0.0] * (b.B - len(seqs)), device=self.device)
+        return b, graph, torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device), scale, batch, spans
 
     @torch.no_grad()
     def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
@@ -178,10 +192,9 @@ class Runner:
         committed, graphed, biggest = 0, False, None
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
-            b, geo, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
-            graph = mode == "full" and self.use_graphs
+            b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
             view = self._view(b, geo)
-            logits = self._replay(b, geo) if graph else self._forward(mode, b, view, geo, group)
+            logits = self._replay(mode, b, geo, scale) if graph else self._forward(mode, b, view, geo, scale)
             for i, r in zip(members, self._select(b, geo, view, logits, batch, spans, group)):
                 results[i] = r
                 committed += len(r.positions)
@@ -204,19 +217,21 @@ class Runner:
         in_block = w[None, :] < geo[BLOCK_LEN][:, None]
         return View(ids, valid, positions, start, in_block, (start[:, None] + w[None, :]).clamp(max=L - 1))
 
-    def _forward(self, mode: str, b: Bucket, v: View, geo: torch.Tensor, group: Seq[Sequence] = ()) -> torch.Tensor:
+    def _forward(self, mode: str, b: Bucket, v: View, geo: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """The window's logits (B, W, V) of one bucket; a cache block's first step stores its
-        keys/values. Fixed shapes, no host sync: the `full` mode is what a CUDA graph captures."""
+        keys/values. Fixed shapes, no host sync on CUDA: what a CUDA graph captures, every mode."""
         if mode.startswith("cached"):
-            return self._cached_logits(v, geo[IDX], b.fresh, b.W, mode.endswith("-lead"))
+            # A dual row's fresh columns stop at its own block: past it (a wider block in the
+            # batch) they repeat its last block column, so the cached suffix stays as stored.
+            last = (v.start + geo[BLOCK_LEN] - 1) if mode.startswith("cached-dual") else None
+            return self._cached_logits(v, geo[IDX], b.fresh, b.W, mode.endswith("-lead"), last)
         if mode == "store":
             logits, kvs = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=v.out_index,
                                      return_kv=True)
             self._cache_store().write(geo[IDX], kvs)
             return logits
         logits = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=v.out_index)
-        if mode == "cfg":
-            scale = torch.tensor([s.params.cfg_scale for s in group] + [0.0] * (b.B - len(group)), device=self.device)
+        if mode == "cfg":  # scale (B,): each row's guidance, 0 for padding rows
             logits = self._guided(logits, v, geo, scale)
         return logits
 
@@ -246,7 +261,8 @@ class Runner:
         self.canvas[geo[IDX], self.max_len - L:] = ids
         return row_results(sel, new, candidate, batch, logits)  # logprobs: the model's own logits
 
-    def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool) -> torch.Tensor:
+    def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool,
+                       last: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Recompute only the fresh columns — the block (dual) or block to end (prefix) — over
         the row's cached keys/values, which hold the rest from the block's first step.
 
@@ -257,12 +273,15 @@ class Runner:
         L = v.ids.shape[1]
         lead = int(lead)
         f = torch.arange(fresh, device=self.device)
-        fresh_cols = (v.start[:, None] - lead + f[None, :]).clamp(max=L - 1)  # (B, F)
-        # Columns past a row's end repeat its last column; their duplicate keys are masked off
-        # by writing them where the real last column already is (same value, same column).
+        first = v.start[:, None] - lead
+        end = L - 1 if last is None else torch.maximum(last, v.start - lead).clamp(max=L - 1)[:, None]
+        fresh_cols = torch.minimum(first + f[None, :], torch.as_tensor(end, device=self.device))  # (B, F)
+        # Columns past a row's end (or its block, dual) repeat its last column; their duplicate
+        # keys are written where that column's already are (same token, same position).
         fresh_ids = torch.gather(v.ids, 1, fresh_cols)
         fresh_pos = torch.gather(v.positions, 1, fresh_cols)
-        cache = self.kv.read(idx, L, v.valid, fresh_cols)
+        rows = idx.tolist() if self.device.type == "cpu" else None  # CPU: attention over views, row by row
+        cache = CanvasCache(self.kv, idx, fresh_cols, L, v.valid, rows)
         logits = self.model(fresh_ids, positions=fresh_pos, cache=cache)  # (B, F, V)
         return logits[:, lead:lead + W]  # the block opens the fresh window
 
@@ -276,23 +295,14 @@ class Runner:
 
     # ------------------------------------------------------------------ CUDA graphs
 
-    def _replay(self, b: Bucket, geo: torch.Tensor) -> torch.Tensor:
-        """The bucket's forward, captured once as a CUDA graph, replayed with fresh geometry
-        copied in place. Its logits are the graph's static output: read before the next replay."""
-        if b not in self._graphs:
-            static = torch.zeros_like(geo)
-            static[IDX], static[LENGTH], static[GEN_LEN] = self.slots, 1, 1  # harmless rows
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside the graph (allocator, kernels)
-                for _ in range(2):
-                    self._forward("full", b, self._view(b, static), static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self._forward("full", b, self._view(b, static), static)
-            self._graphs[b] = (graph, static, out)
-        graph, static, out = self._graphs[b]
-        static.copy_(geo)
-        graph.replay()
-        return out
+    def _replay(self, mode: str, b: Bucket, geo: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The bucket's forward in this mode, captured once as a CUDA graph (with its cache
+        read and store), replayed with fresh geometry copied in place. Its logits are the
+        graph's static output: read before the next replay."""
+        harmless = torch.zeros_like(geo)
+        harmless[IDX], harmless[LENGTH], harmless[GEN_LEN] = self.slots, 1, 1  # the spare row
+        if mode not in ("full", "cfg"):
+            self._cache_store()  # allocated outside the capture
+        return self._graphs.run((mode, b), (geo, scale),
+                                lambda g, sc: self._forward(mode, b, self._view(b, g), g, sc),
+                                (harmless, torch.zeros_like(scale)))

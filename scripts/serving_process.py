@@ -51,7 +51,7 @@ class ServeProcess:
     """`celeris serve` as deployed: its own process, logs on (JSON, to a file), drains at exit."""
 
     def __init__(self, model: Optional[Path], threads: int, max_batch: int, kv_cache: str, log_path: Path,
-                 max_gen_length: int = 512, simulate_step_ms: Optional[float] = None):
+                 max_gen_length: int = 512, simulate_step_ms: Optional[float] = None, extra: tuple[str, ...] = ()):
         self.port, self.metrics_port, self.log_path = free_port(), free_port(), log_path
         self.argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                      "--metrics-port", str(self.metrics_port), "--threads", str(threads),
@@ -62,6 +62,7 @@ class ServeProcess:
             self.argv += ["--model", str(model)]
         if simulate_step_ms is not None:
             self.argv += ["--simulate-step-ms", str(simulate_step_ms)]
+        self.argv += list(extra)  # e.g. --device cuda --dtype bfloat16 (scripts/bench_gpu_served.py)
         self.proc: Optional[subprocess.Popen] = None
 
     @property

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from celeris.engine.cache import BlockCache, CanvasCache
 from celeris.engine.errors import Unavailable
 from celeris.engine.model import KVCache, MaskPredictor
 
@@ -130,11 +131,6 @@ class MirroredStore:
     def read(self, rows: torch.Tensor, L: int, key_mask: Optional[torch.Tensor], fresh: torch.Tensor) -> KVCache:
         return self._call("read", rows, L, key_mask, fresh)
 
-    def read_prefix(self, rows: torch.Tensor, Lc: int, scratch: int):
-        return self._call("read_prefix", rows, Lc, scratch)
-
-    def write_columns(self, slots, cols, rows, width_index, kvs) -> None:
-        self._call("write_columns", slots, cols, rows, width_index, kvs=kvs)
 
 
 class MirroredModel(nn.Module):
@@ -153,16 +149,25 @@ class MirroredModel(nn.Module):
     def size(self) -> int:
         return len(self.channel.conns) + 1
 
-    def kv_store(self, cls, rows: int, max_len: int) -> MirroredStore:
-        self.channel.send("kv_store", (cls.__name__, rows, max_len))
-        return MirroredStore(self.shard.kv_store(cls, rows, max_len), self.channel)
+    def kv_store(self, cls, rows: int, max_len: int, **kw) -> MirroredStore:
+        self.channel.send("kv_store", (cls.__name__, rows, max_len, kw))
+        return MirroredStore(self.shard.kv_store(cls, rows, max_len, **kw), self.channel)
 
     def forward(self, ids: torch.Tensor, key_mask=None, positions=None, out_index=None,
                 cache: Optional[KVCache] = None, return_kv: bool = False, spans=None, head: bool = True):
         kw = dict(key_mask=key_mask, positions=positions, out_index=out_index, return_kv=return_kv,
                   spans=spans, head=head)
-        # A cache's keys/values are each rank's own (read just before); only its indices travel.
-        self.channel.send("forward", (ids, kw, None if cache is None else (cache.key_mask, cache.fresh)))
+        # A cache's keys/values are each rank's own (read just before, or its block store);
+        # only its indices travel.
+        if cache is None:
+            remote = None
+        elif isinstance(cache, BlockCache):
+            remote = ("block", cache.slots, cache.cols, cache.length, cache.rows)
+        elif isinstance(cache, CanvasCache):
+            remote = ("canvas", cache.slots, cache.fresh, cache.L, cache.key_mask, cache.rows)
+        else:
+            remote = (cache.key_mask, cache.fresh)
+        self.channel.send("forward", (ids, kw, remote))
         try:
             return self.shard(ids, cache=cache, **kw)
         except RuntimeError as e:  # a collective failed: a peer died, or timed out

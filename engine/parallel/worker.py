@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from celeris.engine.cache import BlockKVStore, KVCacheStore
+from celeris.engine.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
 from celeris.engine.model import KVCache
 from celeris.engine.parallel.group import Plan, init_group, worker_store
 from celeris.engine.parallel.mirror import to_device
@@ -36,22 +36,27 @@ def follow(conn, model, device) -> None:
         payload = to_device(payload, device)
         if op == "forward":
             ids, kw, cached = payload
-            cache = None if cached is None else KVCache(pending[0], pending[1], cached[0], cached[1])
+            if cached is None:
+                cache = None
+            elif cached[0] == "block":  # this rank's own store, written in place
+                cache = BlockCache(store, *cached[1:])
+            elif cached[0] == "canvas":
+                cache = CanvasCache(store, *cached[1:])
+            else:
+                cache = KVCache(pending[0], pending[1], cached[0], cached[1])
             out = model(ids, cache=cache, **kw)
             if kw["return_kv"]:
                 last_kvs = out[1]
         elif op == "kv_store":
-            name, rows, max_len = payload
-            store = model.kv_store(STORES[name], rows, max_len)
+            name, rows, max_len, kw = payload
+            store = model.kv_store(STORES[name], rows, max_len, **kw)
         elif op == "kv":
             name, args = payload
-            if name in ("write", "write_columns"):
+            if name == "write":
                 getattr(store, name)(*args, last_kvs)
-            elif name == "read":
+            else:  # read
                 c = store.read(*args)
                 pending = (c.keys, c.values)
-            else:  # read_prefix
-                pending = store.read_prefix(*args)
         elif op == "ping":
             conn.send_bytes(pickle.dumps("pong"))
 

@@ -138,3 +138,27 @@ def test_dream_lead_column_dual_cache_is_exact_for_one_layer(tmp_path):
         llm = LLM.load(folder, EngineConfig(max_batch=2, max_prompt_tokens=64, max_gen_length=64, kv_cache=mode))
         outs.append(llm.generate(["It is a truth universally"], params)[0].token_ids)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.slow
+def test_dual_cache_row_decodes_alone_what_it_decodes_beside_a_wider_block(tiny_model_dir):
+    """The fresh columns a wider block in the batch adds past a row's own block repeat its last
+    block column, so the row's cached suffix (written in place by nobody else) stays as stored."""
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
+    from celeris.engine.params import SamplingParams
+    llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_prompt_tokens=64, max_gen_length=64, kv_cache="dual"))
+    narrow = SamplingParams(gen_length=32, steps=16, block_length=8, seed=1, stop_at_eos=False)
+    wide = SamplingParams(gen_length=32, steps=8, block_length=16, seed=2, stop_at_eos=False)
+    prompt = llm.tokenizer.encode("Emma Woodhouse")
+
+    def run(pairs):
+        seqs = [llm.sequence(p, params) for p, params in pairs]
+        for s in seqs:
+            llm.loop.add(s)
+        llm.loop.run_to_completion()
+        return [s.generated() for s in seqs]
+
+    alone = run([(prompt, narrow)])[0]
+    assert run([(prompt, narrow), (prompt, wide)])[0] == alone
+    assert run([(prompt, narrow)])[0] == alone  # the store was left as it should be

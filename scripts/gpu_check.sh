@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 28's device check in one command, within 8 minutes of GPU time: tests/gpu, then
+# scripts/bench_gpu.py, each phase under its own timeout; leaves ONE results file,
+# $OUT/gpu-check.json (or ./gpu-check.json), holding the tests' outcome and the benchmark report.
+#
+#   bash scripts/gpu_check.sh [results-dir]
+#
+# Wheels the GPU machine lacks travel in .whl/ (see ../shared/GPU.md for the pip download line);
+# they are installed into /tmp/site without the network. Rehearse on the CPU with
+#   CELERIS_GPU_CHECK_SMOKE=1 bash scripts/gpu_check.sh /tmp/x
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR="${1:-${OUT:-.}}"
+mkdir -p "$OUT_DIR"
+WORK="$(mktemp -d)"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheel install failed" >&2
+  export PYTHONPATH="/tmp/site:$PWD:$PWD/protos"
+else
+  export PYTHONPATH="$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+START=$(date +%s)
+SMOKE="${CELERIS_GPU_CHECK_SMOKE:-}"
+
+# Phase 1: tests/gpu (skipped without CUDA), 180 s.
+TESTS=(tests/gpu)
+[ -n "$SMOKE" ] && TESTS=(tests/gpu/test_graph_modes.py)
+timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}" \
+  >"$WORK/tests.txt" 2>&1
+echo $? >"$WORK/tests.rc"
+tail -5 "$WORK/tests.txt"
+
+# Phase 2: the benchmark, 270 s (step rows stop starting after 160 s; the served phase follows).
+BENCH_ARGS=(--json "$WORK/bench.json" --budget-s 160)
+[ -n "$SMOKE" ] && BENCH_ARGS=(--smoke --json "$WORK/bench.json")
+timeout 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2>&1
+echo $? >"$WORK/bench.rc"
+tail -3 "$WORK/bench.txt"
+
+# One results file.
+python3 - "$WORK" "$OUT_DIR/gpu-check.json" "$START" <<'PY'
+import json, sys, time, xml.etree.ElementTree as ET
+from pathlib import Path
+work, out, start = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+def read(name, default=None):
+    p = work / name
+    return p.read_text() if p.exists() else default
+tests = {"rc": int(read("tests.rc", "-1")), "tail": (read("tests.txt", "") or "").splitlines()[-40:], "cases": []}
+if (work / "tests.xml").exists():
+    for case in ET.parse(work / "tests.xml").iter("testcase"):
+        status = "failed" if case.find("failure") is not None or case.find("error") is not None else (
+            "skipped" if case.find("skipped") is not None else "passed")
+        tests["cases"].append({"name": case.get("name"), "status": status, "seconds": float(case.get("time", 0))})
+bench = json.loads(read("bench.json", "null") or "null")
+report = {"tests": tests, "bench": bench, "bench_rc": int(read("bench.rc", "-1")),
+          "bench_tail": (read("bench.txt", "") or "").splitlines()[-40:], "wall_s": int(time.time()) - start}
+out.write_text(json.dumps(report, indent=2) + "\n")
+print(f"wrote {out}: tests rc {tests['rc']}, bench rc {report['bench_rc']}, {report['wall_s']} s")
+PY
+rm -rf "$WORK"
