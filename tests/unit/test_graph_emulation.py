@@ -6,7 +6,6 @@ device, and must decode what the eager path decodes."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from celeris.engine.config import EngineConfig
 from celeris.engine.graphs import GraphCache, eager_capture
