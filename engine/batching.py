@@ -37,24 +37,38 @@ class Group(Generic[T]):
 
 
 def partition(rows: Sequence[T], tokens: Callable[[T], int], overhead: float) -> list[Group[T]]:
-    """Contiguous groups of the rows sorted by tokens, of least total cost (exact, O(n^2))."""
+    """Contiguous groups of the rows sorted by tokens, of least total cost (exact).
+
+    Only cuts between different sizes are tried: a cut between equal sizes never pays (moving
+    the row after it into the group before keeps that group's padding and leaves the next one
+    no longer), so the search is O(m^2) in the m distinct sizes, and one size (the common case)
+    is one group with no search at all."""
     sized = sorted(((tokens(r), i) for i, r in enumerate(rows)))  # each row's estimate, once
     order = [rows[i] for _, i in sized]
-    sizes = [t for t, _ in sized]
-    n = len(order)
-    best = [0.0] + [float("inf")] * n  # best[j]: cheapest grouping of the first j rows
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):  # the last group is order[i:j], padded to sizes[j - 1]
-            c = best[i] + overhead + (j - i) * sizes[j - 1]
-            if c < best[j]:
-                best[j], cut[j] = c, i
+    if not order or sized[0][0] == sized[-1][0]:
+        return [Group(order, sized[-1][0])] if order else []
+    ends, sizes = [], []  # run k: order[ends[k-1]:ends[k]], all of size sizes[k]
+    for j, (t, _) in enumerate(sized):
+        if sizes and sizes[-1] == t:
+            ends[-1] = j + 1
+        else:
+            ends.append(j + 1)
+            sizes.append(t)
+    m = len(sizes)
+    starts = [0] + ends[:-1]
+    best = [0.0] + [float("inf")] * m  # best[k]: cheapest grouping of the first k runs
+    cut = [0] * (m + 1)
+    for k in range(1, m + 1):
+        for i in range(k):  # the last group is runs i..k-1, padded to sizes[k - 1]
+            c = best[i] + overhead + (ends[k - 1] - starts[i]) * sizes[k - 1]
+            if c < best[k]:
+                best[k], cut[k] = c, i
     groups: list[Group[T]] = []
-    j = n
-    while j > 0:
-        i = cut[j]
-        groups.append(Group(order[i:j], sizes[j - 1]))
-        j = i
+    k = m
+    while k > 0:
+        i = cut[k]
+        groups.append(Group(order[starts[i]:ends[k - 1]], sizes[k - 1]))
+        k = i
     return groups[::-1]
 
 

@@ -34,6 +34,28 @@ def test_partition_is_the_cheapest_contiguous_grouping():
     assert sum(g.cost(256) for g in partition(rows, lambda r: r, 256)) == best
 
 
+def test_partition_matches_every_cut_search_with_repeated_sizes():
+    """Cuts are tried only where sizes change; the cost is that of the search over every cut."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        rows = sorted(rng.choice([8, 8, 16, 40, 41, 300]) for _ in range(rng.randint(1, 9)))
+        overhead = rng.choice([0, 1, 24, 256])
+        best = min(
+            sum(overhead + len(g) * max(g) for g in _split(rows, cuts))
+            for k in range(len(rows)) for cuts in itertools.combinations(range(1, len(rows)), k))
+        groups = partition(rows, lambda r: r, overhead)
+        assert sum(g.cost(overhead) for g in groups) == best
+        assert sorted(r for g in groups for r in g.rows) == rows
+
+
+def test_partition_of_one_size_is_one_group():
+    assert [g.rows for g in partition([64] * 32, lambda r: r, 0)] == [[64] * 32]
+    assert partition([], lambda r: r, 256) == []
+
+
 def _split(rows, cuts):
     bounds = [0, *cuts, len(rows)]
     return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
