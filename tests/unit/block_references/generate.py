@@ -215,7 +215,9 @@ def llada21_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: i
     `steps` argument is computed and never used). An iteration starts by noting the block's
     tokens and its masks; if it has none it is a post step, and the block ends before the forward
     once more than max_post_steps post steps were counted. One forward of the window x[:end]
-    (block-causal, recomputed) gives x0 = argmax and p = its softmax probability. Masks filled:
+    (block-causal, recomputed: the published file's 0/1 mask is added to the scores unconverted,
+    which masks nothing; this reference uses 0/-inf, as LLaDA2.0's file does, see
+    docs/revising-models.md) gives x0 = argmax and p = its softmax probability. Masks filled:
     every mask with p > threshold if at least num_to_transfer of them, else the top
     min(num_to_transfer, masks) by p. Tokens edited (the same forward): every position of the
     block that was not a mask at the start of the iteration and is not a prompt token, whose x0
@@ -225,7 +227,7 @@ def llada21_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: i
     without it: a finished block never changes). The output is cut after the first EOS.
 
     Not run against the published file itself (the Hugging Face repository is not reachable from
-    here): written from public transcriptions and parity notes of it, which agree on every rule
+    here): written from public verbatim copies and transcriptions of it, which agree on every rule
     above. test_block_references ties it to the LLaDA2.0 loop (checked against the published code)
     where the two must agree.
     """
