@@ -21,8 +21,9 @@ replays a CUDA graph where the bucket policy allows; prefill chunks run eager. S
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Optional, Sequence as Seq
+from typing import Callable, Optional, Sequence as Seq
 
 import torch
 
@@ -106,28 +107,38 @@ class BlockRunner:
             row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
         self.tokens[seq.slot].copy_(row.to(self.device))
 
+    @property
+    def overlaps_host(self) -> bool:
+        """On an accelerator `step(during=...)` runs host work before the read of its results."""
+        return self.device.type != "cpu"
+
     @torch.no_grad()
-    def step(self, seqs: Seq[BlockSequence]) -> tuple[list[RowResult], StepStats]:
+    def step(self, seqs: Seq[BlockSequence], during: Optional[Callable[[], None]] = None
+             ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         results = [EMPTY] * len(seqs)
-        committed, forwards, widest, graphed = 0, 0, (0, 0, 0), False
+        committed, forwards, widest, graphed, reads = 0, 0, (0, 0, 0), False, []
         for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
                       [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
             if not group:
                 continue
             rows = [seqs[i] for i in group]
             self._graphed = False
-            for i, r in zip(group, self._forward(rows)):
-                results[i] = r
-                committed += len(r.positions)
+            reads.append((group, self._forward(rows)))
             forwards += 1
             graphed |= self._graphed
             B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
             widest = max(widest, (B * Wq, B, Wq))
+        if during is not None:  # both forwards are queued: host work beside the device's
+            during()
+        for group, read in reads:
+            for i, r in zip(group, read()):
+                results[i] = r
+                committed += len(r.positions)
         return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
                                   graphed, forwards)
 
-    def _forward(self, rows: list[BlockSequence]) -> list[RowResult]:
+    def _forward(self, rows: list[BlockSequence]) -> Callable[[], list[RowResult]]:
         """One forward over the rows' fresh windows; select where a row denoises. Every row's
         keys/values land in the cache in place, so those of a prefill, a store step and an editing
         block's last post step (`BlockSequence.stores_block`) are the ones kept."""
@@ -164,7 +175,7 @@ class BlockRunner:
             cache = BlockCache(self.kv, slots, cols, Lc, [(s.slot, e) for s, (_, e) in zip(rows, windows)])
             logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head=not prefill)
         if prefill:
-            return [EMPTY] * B
+            return lambda: [EMPTY] * B
         return self._select(rows, logits[:B], ids[:B], real[:B], slots[:B], start[:B])
 
     def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end, causal) -> torch.Tensor:
@@ -182,8 +193,9 @@ class BlockRunner:
                 zeros, zeros + 1, zeros)
 
     def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
-                slots: torch.Tensor, start: torch.Tensor) -> list[RowResult]:
-        """Commit tokens in the denoise rows' blocks, as the published loops choose them."""
+                slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:
+        """Commit tokens in the denoise rows' blocks, as the published loops choose them; the
+        call that reads the rows' results."""
         B, Wq = ids.shape
         dev = self.device
         denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
@@ -209,4 +221,4 @@ class BlockRunner:
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
-        return row_results(sel, new, candidate, batch, logits)
+        return functools.partial(row_results, sel, new, candidate, batch, logits)

@@ -25,7 +25,9 @@ num_to_transfer masks: its published name for the block split over its steps, ro
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 from celeris.engine.sampler import transfer_schedule
 from celeris.engine.sequence import FinishReason, Sequence, StepEvent
@@ -148,8 +150,8 @@ class BlockSequence(Sequence):
 
     # ------------------------------------------------------------------ progress
 
-    def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
-              logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
+    def _apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+               logprobs: tuple = (), provisional: tuple = ()) -> Callable[[], StepEvent]:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
         relative to the block's first column): masks filled and, for LLaDA2.1, tokens edited."""
         start, end = self.window
@@ -188,8 +190,8 @@ class BlockSequence(Sequence):
         block = min(self.block - (1 if block_done and self.phase == DENOISE and not self.finished else 0),
                     self.total // self.params.block_length - 1) - self.first_block
         guesses = tuple((start + i - P, t, c) for i, t, c in provisional if 0 <= start + i - P < G)
-        return self.event(tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep), block, block_done,
-                          guesses, tuple(i for i in sorted(revised) if i < G))
+        return functools.partial(self.event, tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep),
+                                 block, block_done, guesses, tuple(i for i in sorted(revised) if i < G))
 
     def _block_ends(self, masks_before: bool, edited: bool) -> bool:
         """After a denoise step: is the block finished? Without editing, once no mask is left. With

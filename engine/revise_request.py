@@ -11,8 +11,9 @@ step's event lists, as `committed`, the positions written that step (changed, or
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from celeris.engine.sequence import FinishReason, Sequence, StepEvent, stop_cut
 
@@ -39,9 +40,10 @@ class RevisingSequence(Sequence):
         settled = self.params.gen_length if self.finished else self.final_length
         return tuple(self.canvas), self.params.num_blocks, settled
 
-    def apply_row(self, r: Any) -> StepEvent:
+    def apply_row_later(self, r: Any) -> Callable[[], StepEvent]:
         """A `runner_api.RowResult` of the revise runner: positions (output offsets) written this
-        step and their tokens, `final` the output positions now final, `done` the request's end."""
+        step and their tokens, `final` the output positions now final, `done` the request's end.
+        Returns the call that builds the step's event (`Sequence.apply_row_later`)."""
         for pos, tok in zip(r.positions, r.tokens):
             self.canvas[pos] = tok
         self.nfe += 1
@@ -53,4 +55,4 @@ class RevisingSequence(Sequence):
             head = self.canvas[:self.final_length]
             stopped = stop_cut(head, self.stop_ids) < len(head)
             self.finish_reason = FinishReason.STOP if stopped else FinishReason.LENGTH
-        return self.event(tuple(r.positions), tuple(r.confidences), block, complete)
+        return functools.partial(self.event, tuple(r.positions), tuple(r.confidences), block, complete)

@@ -16,9 +16,10 @@ the replay, so no sampling knob keeps a request off the graph. On CPU it runs ea
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence as Seq
+from typing import Callable, NamedTuple, Optional, Sequence as Seq
 
 import torch
 
@@ -180,8 +181,15 @@ class Runner:
         scale = torch.tensor([s.params.cfg_scale for s in seqs] + [0.0] * (b.B - len(seqs)), device=self.device)
         return b, graph, torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device), scale, batch, spans
 
+    @property
+    def overlaps_host(self) -> bool:
+        """On an accelerator the step's work is queued, and `step(during=...)` runs host work
+        before the one read of its results (runner_api.StepRunner)."""
+        return self.device.type != "cpu"
+
     @torch.no_grad()
-    def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
+    def step(self, seqs: Seq[Sequence], during: Optional[Callable[[], None]] = None
+             ) -> tuple[list[RowResult], StepStats]:
         """One denoising step for every sequence; cache refreshes and CFG rows form own groups."""
         t0 = time.perf_counter()
         groups: dict[str, list[int]] = {}
@@ -189,17 +197,21 @@ class Runner:
         for i, (mode, _) in enumerate(plans):
             groups.setdefault(mode, []).append(i)
         results: list[RowResult] = [EMPTY] * len(seqs)
-        committed, graphed, biggest = 0, False, None
+        committed, graphed, biggest, reads = 0, False, None, []
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
             b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
             view = self._view(b, geo)
             logits = self._replay(mode, b, geo, scale) if graph else self._forward(mode, b, view, geo, scale)
-            for i, r in zip(members, self._select(b, geo, view, logits, batch, spans, group)):
-                results[i] = r
-                committed += len(r.positions)
+            reads.append((members, self._select(b, geo, view, logits, batch, spans, group)))
             graphed |= graph
             biggest = b if biggest is None or b.B * b.L > biggest.B * biggest.L else biggest
+        if during is not None:  # every group is queued: host work beside the device's
+            during()
+        for members, read in reads:
+            for i, r in zip(members, read()):
+                results[i] = r
+                committed += len(r.positions)
         return results, StepStats(len(seqs), biggest.B, biggest.L, biggest.W, committed,
                                   time.perf_counter() - t0, graphed, len(groups) + ("cfg" in groups))
 
@@ -236,8 +248,9 @@ class Runner:
         return logits
 
     def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
-                spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> list[RowResult]:
-        """Select over the window, write the picks back by position, and read the rows' results."""
+                spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> Callable[[], list[RowResult]]:
+        """Select over the window and write the picks back by position; the call that reads the
+        rows' results (the host's wait for the device)."""
         B, L, W = b.B, b.L, b.W
         tokens = torch.gather(v.ids, 1, v.out_index)
         w = torch.arange(W, device=self.device)
@@ -259,7 +272,7 @@ class Runner:
         scratch = torch.cat([v.ids, v.ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)
         ids = scratch.scatter(1, v.start[:, None] + w[None, :], torch.where(v.in_block, new, tokens))[:, :L]
         self.canvas[geo[IDX], self.max_len - L:] = ids
-        return row_results(sel, new, candidate, batch, logits)  # logprobs: the model's own logits
+        return functools.partial(row_results, sel, new, candidate, batch, logits)  # logprobs: the model's own logits
 
     def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool,
                        last: Optional[torch.Tensor] = None) -> torch.Tensor:

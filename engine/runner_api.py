@@ -70,7 +70,10 @@ class StepRunner(Protocol):
         """Write a newly admitted request into its slot."""
 
     def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
-        """One denoising step for every row: results in the same order."""
+        """One denoising step for every row: results in the same order. A runner whose
+        `overlaps_host` is true also takes `during`, a callable it runs exactly once, after the
+        step's device work is queued and before the host waits for its results (host work
+        that overlaps the device's; `StepLoop.step_later`)."""
 
 
 def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,

@@ -19,10 +19,10 @@ reaches the stream with the result in `StepEvent.formatted`; the event loop only
 A formatter that raises does not fail the step: its exception travels in `formatted` for the
 door to raise. Only shutdown's cancel events are formatted on the loop.
 
-Step n's events are formatted and delivered while step n+1 runs (a pipeline of depth one): the
-step worker never waits for formatting, and delivery never falls more than one step behind,
-because the worker hands over step n+1's events only once step n's are in their streams. Events
-are immutable snapshots, so formatting them beside the next step reads nothing that step writes.
+Step n's events are built while step n+1 runs on the device (`StepLoop.step_later`), then
+formatted and delivered beside it; the worker hands over step n's events only once step n-1's
+are in their streams, so delivery never falls more than one step behind. Events are immutable
+snapshots: formatting one reads nothing the next step writes.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from celeris.engine.errors import EngineError, StepFailed, Unavailable, clip
 from celeris.engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
 from celeris.engine.sequence import Sequence, StepEvent
 from celeris.engine.step_loop import StepLoop, StepRecord
-from celeris.engine.threads import TensorThread
+from celeris.engine.threads import TensorThread, in_daemon_thread
 
 
 Formatter = Callable[[StepEvent], Any]
@@ -110,21 +110,9 @@ class Scheduler:
             self._watch = asyncio.get_running_loop().create_task(self._watch_unread())
         if self._worker is None and self.thread is not None:
             self._worker = asyncio.wrap_future(self.thread.submit(self._work, asyncio.get_running_loop()))
-        elif self._worker is None:
+        elif self._worker is None:  # a thread of its own (the worker catches step failures)
             loop = asyncio.get_running_loop()
-            done: concurrent.futures.Future = concurrent.futures.Future()
-
-            def work() -> None:
-                try:
-                    self._work(loop)
-                except BaseException as exc:  # never expected: the worker catches step failures
-                    done.set_exception(exc)
-                else:
-                    done.set_result(None)
-
-            # A daemon thread: a scheduler never stopped must not hold the interpreter at exit.
-            threading.Thread(target=work, name="celeris-step", daemon=True).start()
-            self._worker = asyncio.wrap_future(done)
+            self._worker = asyncio.wrap_future(in_daemon_thread(lambda: self._work(loop), "celeris-step"))
         self._worker.add_done_callback(self._worker_ended)
 
     def _worker_ended(self, worker: asyncio.Future) -> None:
@@ -275,9 +263,13 @@ class Scheduler:
             stream.queue.put_nowait(exc)
             stream.queue.put_nowait(DONE)
 
-    def _apply_cancellations(self) -> None:
-        while self._cancelled:
-            self.core.cancel(self._cancelled.popleft())
+    def _apply_cancellations(self, before: Callable[[], None] = lambda: None) -> None:
+        """Cancel what the loop asked to, `before` first if any (it builds the last step's events)."""
+        cancels = [self._cancelled.popleft() for _ in range(len(self._cancelled))]
+        if cancels:
+            before()
+        for seq in cancels:
+            self.core.cancel(seq)
 
     # ------------------------------------------------------------------ the step worker
 
@@ -342,47 +334,56 @@ class Scheduler:
         self._kick.set()
 
     def _work(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The step worker: steps back to back while there is work, applying cancellations and
-        admitting between steps itself, so the event loop is never on a step's critical path.
-        Step n's events go to the formatter thread while step n+1 runs; the worker waits for
-        step n to be delivered before handing over step n+1 (one step deep: a stalled loop
-        stalls the worker after one step, it never piles up events)."""
+        """The step worker (module docstring). Step n's events are built and handed over in step
+        n+1's `during` (the device's time when the runner overlaps host work), or before the
+        worker idles, cancels, fails or stops: a stalled loop stalls it after one step."""
         previous: Optional[concurrent.futures.Future] = None
+        pending: Optional[tuple[list, Optional[StepRecord]]] = None  # the last step's events, unbuilt
 
         def settle() -> None:  # the previous step's events are in their streams
             nonlocal previous
             if previous is not None:
-                pending, previous = previous, None
+                waiting, previous = previous, None
                 try:
-                    pending.result().wait()
+                    waiting.result().wait()
                 except Exception:  # a bug in the hand-off must not stop the worker (nor hang the server)
                     log.exception("handing a step's events to the event loop failed")
 
+        def publish() -> None:  # build the last step's events, hand them over (at most once)
+            nonlocal pending, previous
+            if pending is None:
+                return
+            (build, record), pending = pending, None
+            events = [b() for b in build]
+            settle()
+            # The step's record travels with its events: telemetry runs on the loop after
+            # they are delivered, one hand-off per step, nothing of it on this thread.
+            previous = self._format_executor.submit(self._format_and_post, loop, events, record)
+
         try:
             while True:
-                self._apply_cancellations()
+                self._apply_cancellations(publish)
                 if self._stopping:
                     return
                 if self.core.idle:
+                    publish()
                     settle()
                     self._kick.wait()
                     self._kick.clear()  # then look again: whatever set it is visible by now
                     continue
                 try:
-                    events, record = self.core.step()
+                    pending = self.core.step_later(during=publish)
                 except Exception as exc:  # keep serving: end this batch's requests, not the worker
                     if isinstance(exc, Unavailable):  # e.g. a lost tensor-parallel worker, reported once elsewhere
                         log.warning("engine unavailable; ending %d request(s): %s", len(self.core.running), exc)
                     else:
                         log.exception("denoising step failed; ending %d request(s)", len(self.core.running))
+                    publish()
                     settle()  # the steps before the failure reach their streams first
                     _post(loop, self._failed, self.core.fail_running(), exc)
                     continue
-                settle()
-                # The step's record travels with its events: telemetry runs on the loop after
-                # they are delivered, one hand-off per step, nothing of it on this thread.
-                previous = self._format_executor.submit(self._format_and_post, loop, events, record)
         finally:  # nothing a finished step produced is lost when the worker stops
+            publish()
             settle()
 
 

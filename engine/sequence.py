@@ -10,6 +10,7 @@ the loop feeds the runner's per-row results back through `Sequence.apply`, which
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
@@ -235,12 +236,23 @@ class Sequence:
         return tuple(p for p, _ in pairs), tuple(c for _, c in pairs)
 
     def apply_row(self, r: Any) -> StepEvent:
-        """Apply a runner's `runner_api.RowResult` for this request (the step loop's one call)."""
-        return self.apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
+        """Apply a runner's `runner_api.RowResult` for this request and return the step's event."""
+        return self.apply_row_later(r)()
+
+    def apply_row_later(self, r: Any) -> Callable[[], StepEvent]:
+        """Apply a runner's `runner_api.RowResult` now; the returned call builds the step's event
+        from the state this left (the step loop's one call). Call it before the sequence changes
+        again (its next step, a cancel): the server builds events while the next step runs on
+        the device, off the step's critical path."""
+        return self._apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],
               logprobs: tuple = (), provisional: tuple = ()) -> StepEvent:
-        """Commit the runner's picks (block-relative positions) and advance the schedule."""
+        """Commit the runner's picks (block-relative positions), advance the schedule, return the event."""
+        return self._apply(positions, tokens, confidences, logprobs, provisional)()
+
+    def _apply(self, positions: list[int], tokens: list[int], confidences: list[float],
+               logprobs: tuple = (), provisional: tuple = ()) -> Callable[[], StepEvent]:
         p = self.params
         provisional = tuple((self.block_start + i, t, c) for i, t, c in provisional)
         committed = []
@@ -263,7 +275,8 @@ class Sequence:
             else:
                 self.block += 1
                 self.step_in_block = 0
-        return self.event(tuple(committed), tuple(confidences), event_block, block_done, provisional)
+        return functools.partial(self.event, tuple(committed), tuple(confidences), event_block, block_done,
+                                 provisional)
 
     def stops_within(self, end: int) -> bool:
         """After a block ending at canvas index `end`: finish (STOP) if what is generated so far

@@ -17,7 +17,7 @@ Full-canvas models only: block-diffusion sequences have their own runner contrac
 from __future__ import annotations
 
 import time
-from typing import Sequence as Seq
+from typing import Callable, Optional, Sequence as Seq
 
 from celeris.engine.runner_api import RowResult, StepStats
 from celeris.engine.step_loop import StepLoop
@@ -64,9 +64,15 @@ class SimulatedRunner:
         guesses = tuple((i, token(i), 0.5) for i in masked[n:]) if p.provisional else ()
         return RowResult(picks, [token(i) for i in picks], [1.0] * len(picks), (), guesses)
 
-    def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
+    # The device's time is the sleep: host work queued before it (`during`) overlaps it.
+    overlaps_host = True
+
+    def step(self, seqs: Seq[Sequence], during: Optional[Callable[[], None]] = None
+             ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         results = [self._row(s) for s in seqs]
+        if during is not None:
+            during()
         # Sleep to the step time (the host work above counts toward it, as a GPU overlaps it).
         left = self.step_s - (time.perf_counter() - t0)
         if left > 0:

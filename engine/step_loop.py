@@ -80,8 +80,8 @@ class StepLoop:
         while self.waiting and self.free_slots:
             seq = self.waiting.popleft()
             seq.slot = self.free_slots.pop(0)
+            self.running.append(seq)  # first: if loading raises, the failure ends it (fail_running)
             self.runner.load(seq)
-            self.running.append(seq)
 
     def _release(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -108,24 +108,41 @@ class StepLoop:
 
     def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
         """Admit, run one batched forward + selection for the group that steps, apply results,
-        retire finished requests."""
+        retire finished requests; the step's events."""
+        build, record = self.step_later()
+        return [b() for b in build], record
+
+    def step_later(self, during: Optional[Callable[[], None]] = None
+                   ) -> tuple[list[Callable[[], StepEvent]], Optional[StepRecord]]:
+        """`step`, with the step's events left to build: the calls that build them, valid until
+        the sequences change again (the next step, a cancellation). `during` runs exactly once,
+        before any sequence changes: while the device computes this step when the runner
+        overlaps host work (`overlaps_host`), else before the forward. The server builds and
+        hands over the previous step's events there, so they stay off the critical path."""
         self._admit()
         if not self.running:
+            if during is not None:
+                during()
             return [], None
         batch = self.next_batch()
         started = time.time()
-        results, stats = self.runner.step(batch)
+        if during is not None and getattr(self.runner, "overlaps_host", False):
+            results, stats = self.runner.step(batch, during=during)
+        else:
+            if during is not None:
+                during()
+            results, stats = self.runner.step(batch)
         self.steps += 1
         self.forwards += stats.forwards
         stepped = set(map(id, batch))
         for seq in self.running:
             seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
-        events = [seq.apply_row(r) for seq, r in zip(batch, results)]
+        build = [seq.apply_row_later(r) for seq, r in zip(batch, results)]
         for seq in batch:
             if seq.finished:
                 self._release(seq)
-        return events, StepRecord(tuple(s.request_id for s in batch), tuple(s.ticket for s in batch), stats,
-                                  started, time.time())
+        return build, StepRecord(tuple(s.request_id for s in batch), tuple(s.ticket for s in batch), stats,
+                                 started, time.time())
 
     def run_to_completion(self, on_event: Optional[Callable[[StepEvent], None]] = None) -> None:
         while not self.idle:

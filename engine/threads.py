@@ -24,7 +24,7 @@ import queue
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 PROC_CGROUP = Path("/proc/self/cgroup")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -145,6 +145,23 @@ def configure_switch_interval(seconds: float = SERVING_SWITCH_INTERVAL_S) -> Non
     sys.setswitchinterval(seconds)
 
 
+def in_daemon_thread(fn: Callable[[], None], name: str) -> concurrent.futures.Future:
+    """Run fn() in a new daemon thread (one never joined must not hold the interpreter at exit);
+    its future carries fn's end, exception included."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
 class TensorThread:
     """One long-lived thread that runs, in order, every job handed to it: a server's tensor work
     (loading the model, then the scheduler's step loop) all on the same thread.
@@ -200,5 +217,5 @@ class TensorThread:
         self._jobs.put(None)
 
 
-__all__ = ["available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
+__all__ = ["in_daemon_thread", "available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
            "TensorThread"]

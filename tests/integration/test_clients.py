@@ -95,8 +95,8 @@ def test_async_client_stream_generate_and_cancel(live, tiny_llm, monkeypatch):
             snaps = [s async for s in c.stream("It is a truth", **SMALL)]
             result = await c.generate("It is a truth", **SMALL)
             assert result.text == snaps[-1].text and snaps[-1].done
-            real_step = tiny_llm.loop.step
-            monkeypatch.setattr(tiny_llm.loop, "step", lambda: time.sleep(0.01) or real_step())  # 64 steps > 0.6 s
+            real_step = tiny_llm.loop.step_later  # the step worker's call; 64 steps > 0.6 s
+            monkeypatch.setattr(tiny_llm.loop, "step_later", lambda during=None: time.sleep(0.01) or real_step(during))
             steps_before = live.scheduler.steps
             stream = c.stream("It is a truth", gen_length=64, steps=64, block_length=64)
             first = await anext(stream)

@@ -189,13 +189,13 @@ def wait_idle(live: LiveServer, timeout: float = 10) -> None:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_cancels_the_request(live, tiny_llm, monkeypatch, stream):
-    real_step = tiny_llm.loop.step
+    real_step = tiny_llm.loop.step_later
 
-    def slow_step():  # runs in the step thread: 64 steps take > 0.6 s, far longer than noticing a hang-up
+    def slow_step(during=None):  # runs in the step thread: 64 steps take > 0.6 s, far longer than noticing a hang-up
         time.sleep(0.01)
-        return real_step()
+        return real_step(during)
 
-    monkeypatch.setattr(tiny_llm.loop, "step", slow_step)
+    monkeypatch.setattr(tiny_llm.loop, "step_later", slow_step)
     steps_before = live.scheduler.steps
     body = {"prompt": PROMPT, "max_tokens": 64, "steps": 64, "block_length": 64, "stream": stream,
             "diffusing": stream}

@@ -65,15 +65,15 @@ async def test_forward_passes_count_model_calls_with_guidance(serve):
 
 
 async def test_a_cancelled_request_id_is_reusable_at_once(serve, tiny_llm, monkeypatch):
-    real_step = tiny_llm.loop.step
+    real_step = tiny_llm.loop.step_later
 
-    def slow_step():  # the step thread is busy when the cancel comes
+    def slow_step(during=None):  # the step thread is busy when the cancel comes
         time.sleep(0.3)
-        return real_step()
+        return real_step(during=during)
 
     tel, _ = traced()
     async with serve(telemetry=tel) as (_, stub, _):
-        monkeypatch.setattr(tiny_llm.loop, "step", slow_step)
+        monkeypatch.setattr(tiny_llm.loop, "step_later", slow_step)
         first = stub.Generate(small(request_id="again", gen_length=16, steps=16, block_length=16))
         await first.read()
         first.cancel()
@@ -82,19 +82,19 @@ async def test_a_cancelled_request_id_is_reusable_at_once(serve, tiny_llm, monke
             assert time.monotonic() < deadline, "the server never saw the cancel"
             await asyncio.sleep(0.001)
         second = await collect(stub.Generate(small(request_id="again", gen_length=8, steps=8, block_length=8)))
-        monkeypatch.setattr(tiny_llm.loop, "step", real_step)
+        monkeypatch.setattr(tiny_llm.loop, "step_later", real_step)
     assert second[-1].done and second[-1].request_id == "again"
 
 
 async def test_scheduler_stop_lets_the_step_in_flight_finish_before_cancelling(serve, tiny_llm, monkeypatch):
-    real_step, real_cancel = tiny_llm.loop.step, tiny_llm.loop.cancel
+    real_step, real_cancel = tiny_llm.loop.step_later, tiny_llm.loop.cancel
     in_step, overlaps = [False], []
 
-    def slow_step():
+    def slow_step(during=None):  # the worker's step (StepLoop.step_later)
         in_step[0] = True
         time.sleep(0.2)
         try:
-            return real_step()
+            return real_step(during=during)
         finally:
             in_step[0] = False
 
@@ -103,7 +103,7 @@ async def test_scheduler_stop_lets_the_step_in_flight_finish_before_cancelling(s
         return real_cancel(target)
 
     async with serve() as (server, stub, _):
-        monkeypatch.setattr(tiny_llm.loop, "step", slow_step)
+        monkeypatch.setattr(tiny_llm.loop, "step_later", slow_step)
         monkeypatch.setattr(tiny_llm.loop, "cancel", watched_cancel)
         call = stub.Generate(small(gen_length=64, steps=64, block_length=64))
         await call.read()
@@ -111,7 +111,7 @@ async def test_scheduler_stop_lets_the_step_in_flight_finish_before_cancelling(s
             await asyncio.sleep(0.001)
         await server.scheduler.stop()
         call.cancel()
-    monkeypatch.setattr(tiny_llm.loop, "step", real_step)
+    monkeypatch.setattr(tiny_llm.loop, "step_later", real_step)
     assert overlaps and not any(overlaps), "a request was cancelled while the worker was inside a step"
 
 
