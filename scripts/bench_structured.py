@@ -37,6 +37,8 @@ from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
 
+from structured_doors import BLOCK, CONCURRENCY, DOORS, GEN_LENGTH, STEPS, TEMPERATURE, Job, Outcome, through_doors
+
 S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
 
@@ -157,24 +159,42 @@ def check(kind: str, value, text: str) -> bool:
         return False
 
 
-def validity(llm: LLM, seeds: int) -> tuple[int, int, int, int, list[str]]:
-    jobs = [("json_schema", s) for s in SCHEMAS] + REGEXES
-    base = replace(llm.defaults, gen_length=128, steps=128, block_length=32, temperature=1.0)
-    reqs = [(kind, value, Request(prompt="Answer:", params=replace(base, seed=seed),
-                                  structured=Structured(kind, value))) for kind, value in jobs for seed in range(seeds)]
-    ok_s = ok_r = 0
+def sweep_jobs(seeds: int) -> list[Job]:
+    """Every schema and regex/choice, each with seeds 0..seeds-1."""
+    return [(kind, value, seed) for kind, value in [("json_schema", s) for s in SCHEMAS] + REGEXES
+            for seed in range(seeds)]
+
+
+def tally(jobs: list[Job], outcomes: list[Outcome]) -> tuple[int, int, int, int, list[str]]:
+    """(valid schema outputs, schema jobs, valid regex/choice outputs, regex/choice jobs, what failed)."""
+    ok = {True: 0, False: 0}
     bad: list[str] = []
-    for i in range(0, len(reqs), 16):
-        chunk = reqs[i:i + 16]
-        for (kind, value, _), r in zip(chunk, llm.run([llm.build(q) for _, _, q in chunk])):
-            good = check(kind, value, r.text)
-            if kind == "json_schema":
-                ok_s += good
-            else:
-                ok_r += good
-            if not good:
-                bad.append(f"{kind} {str(value)[:60]}: {r.text!r}")
-    return ok_s, len(SCHEMAS) * seeds, ok_r, len(REGEXES) * seeds, bad
+    for (kind, value, seed), out in zip(jobs, outcomes, strict=True):
+        good = isinstance(out, str) and check(kind, value, out)
+        ok[kind == "json_schema"] += good
+        if not good:
+            what = f"{type(out).__name__}: {out}" if isinstance(out, Exception) else repr(out)
+            bad.append(f"{kind} {str(value)[:60]} seed {seed}: {what[:300]}")
+    n_s = sum(kind == "json_schema" for kind, _, _ in jobs)
+    return ok[True], n_s, ok[False], len(jobs) - n_s, bad
+
+
+def validity(a: argparse.Namespace, tmp: Path) -> None:
+    """The sweep through each door asked, per model: one table row per model x door."""
+    doors = list(DOORS) if a.door == "all" else [a.door]
+    jobs = sweep_jobs(a.seeds)
+    print(f"validity: {len(SCHEMAS)} schemas, {len(REGEXES)} regexes/choices, seeds 0-{a.seeds - 1}, "
+          f"gen_length {GEN_LENGTH}, steps {STEPS}, block {BLOCK}, temperature {TEMPERATURE:g}, "
+          f"{CONCURRENCY} at a time", flush=True)
+    print(f"  {'model':20s} {'door':6s} {'schemas':>9s} {'regex/choice':>12s} {'seeds':>5s} {'seconds':>8s}", flush=True)
+    for name in filter(None, a.models.split(",")):
+        llm = load(name, tmp)
+        for door, outcomes, seconds in through_doors(llm, doors, jobs):
+            ok_s, n_s, ok_r, n_r, bad = tally(jobs, outcomes)
+            print(f"  {name:20s} {door:6s} {f'{ok_s}/{n_s}':>9s} {f'{ok_r}/{n_r}':>12s} {a.seeds:5d} {seconds:8.0f}",
+                  flush=True)
+            for line in bad[:10]:
+                print("    INVALID", line, flush=True)
 
 
 def fitting(llm: LLM, G: int) -> list[dict]:
@@ -283,10 +303,30 @@ def serving_table(name: str, runs: dict[str, list], schemas: list[dict], a: argp
     return "\n".join(lines)
 
 
+def throughput(a: argparse.Namespace, tmp: Path) -> None:
+    """The engine's tokens/s and step time, free vs constrained, 16 requests together (tokens_per_s)."""
+    llm = load(a.throughput_model, tmp)
+    schemas = fitting(llm, a.length)
+    runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
+    for w in runs:
+        tokens_per_s(llm, w, a.length, schemas)  # warm-up
+    for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
+        for w in runs:
+            runs[w].append(tokens_per_s(llm, w, a.length, schemas))
+    med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
+    print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
+          f"temperature 1, CPU float32, medians of {a.repeats}:")
+    for w, (tps, sps) in med.items():
+        print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
+              f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--models", default="celeris-tiny,celeris-tiny-block,llada-vocab")
+    ap.add_argument("--door", default="all", choices=(*DOORS, "all"),
+                    help="validity: the engine's offline API, gRPC (celeris_client), HTTP (openai SDK), or all three")
     ap.add_argument("--throughput-model", default="celeris-tiny")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--length", type=int, default=64, help="gen_length of the throughput runs")
@@ -305,29 +345,9 @@ def main() -> None:
             serving(a, Path(tmp))
         return
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        for name in filter(None, a.models.split(",")):
-            llm = load(name, Path(tmp))
-            t0 = time.perf_counter()
-            ok_s, n_s, ok_r, n_r, bad = validity(llm, a.seeds)
-            print(f"{name}: schemas {ok_s}/{n_s} valid, regex/choice {ok_r}/{n_r} valid "
-                  f"({a.seeds} seeds, {time.perf_counter() - t0:.0f} s)", flush=True)
-            for line in bad[:10]:
-                print("  INVALID", line)
+        validity(a, Path(tmp))
         if a.repeats:
-            llm = load(a.throughput_model, Path(tmp))
-            schemas = fitting(llm, a.length)
-            runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
-            for w in runs:
-                tokens_per_s(llm, w, a.length, schemas)  # warm-up
-            for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
-                for w in runs:
-                    runs[w].append(tokens_per_s(llm, w, a.length, schemas))
-            med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
-            print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
-                  f"temperature 1, CPU float32, medians of {a.repeats}:")
-            for w, (tps, sps) in med.items():
-                print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
-                      f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
+            throughput(a, Path(tmp))
 
 
 if __name__ == "__main__":
