@@ -1,14 +1,21 @@
-"""Structured outputs: validity over 20 schemas and 10 regexes/choices x seeds x models, and the
-throughput cost of the constraint at concurrency 16, side by side in one run.
+"""Structured outputs: validity over 20 schemas and 10 regexes/choices x seeds x models x doors, and
+the throughput cost of the constraint at concurrency 16, side by side in one run.
 
-    PYTHONPATH=. python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,llada-vocab]
-                                                    [--throughput-model celeris-tiny] [--repeats 3]
+    python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,llada-vocab]
+                                       [--door engine|grpc|http|all] [--throughput-model celeris-tiny]
+                                       [--repeats 3]   (--repeats 0: validity only)
+    python scripts/bench_structured.py --serving [--models celeris-tiny,celeris-tiny-block]
 
 Validity: every output must parse (json.loads) and validate (jsonschema), or fullmatch its
-regex / equal one of its choices. Requests go through the engine in batches of up to 16 (the
-doors are covered by tests/integration/test_structured_outputs.py). `llada-vocab` is a random
-model with LLaDA-8B's vocabulary and tokenizer shape and small layers (`LLADA` below says
-exactly what is and is not LLaDA-8B's).
+regex / equal one of its choices. The same requests (prompt "Answer:", temperature 1, seeds
+0..seeds-1, gen_length 128, steps 128, block 32) go through each door of --door (default all):
+`engine`, the engine's offline API in batches of 16; `grpc`, the Python client; `http`, the
+official openai SDK (schemas: chat + response_format json_schema strict; regexes/choices:
+completions + vLLM's structured_outputs); gRPC and HTTP 16 at a time against one server started
+in this process on free ports (scripts/structured_doors.py). One row per model x door. `llada-vocab`
+is a random model with LLaDA-8B's vocabulary and tokenizer shape and small layers, built into a
+temporary folder and loaded (and served) from it (`LLADA` below says exactly what is and is not
+LLaDA-8B's).
 Throughput: output tokens/s = generated tokens that are not special (EOS, pad fillers) / wall
 time, and wall time per step, 16 requests submitted at once (max_batch 16), interleaved, median
 of `repeats` each, for three workloads: `free` (unconstrained, ignore_eos: every position is
@@ -24,9 +31,11 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import jsonschema
@@ -36,6 +45,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
+from celeris.server.telemetry import configure_logging
 
 from structured_doors import BLOCK, CONCURRENCY, DOORS, GEN_LENGTH, STEPS, TEMPERATURE, Job, Outcome, through_doors
 
@@ -144,9 +154,15 @@ def llada_vocab_model(folder: Path) -> Path:
     return folder
 
 
+def model_dir(name: str, tmp: Path) -> Path:
+    """An embedded model's folder, or llada-vocab's, built under tmp the first time."""
+    if name != "llada-vocab":
+        return EMBEDDED_MODELS[name]
+    return tmp / name if (tmp / name / "config.json").exists() else llada_vocab_model(tmp / name)
+
+
 def load(name: str, tmp: Path) -> LLM:
-    folder = llada_vocab_model(tmp / name) if name == "llada-vocab" else EMBEDDED_MODELS[name]
-    return LLM.load(folder, EngineConfig(max_batch=16, max_queue=64))
+    return LLM.load(model_dir(name, tmp), EngineConfig(max_batch=16, max_queue=64))
 
 
 def check(kind: str, value, text: str) -> bool:
@@ -183,13 +199,14 @@ def validity(a: argparse.Namespace, tmp: Path) -> None:
     """The sweep through each door asked, per model: one table row per model x door."""
     doors = list(DOORS) if a.door == "all" else [a.door]
     jobs = sweep_jobs(a.seeds)
+    configure_logging(level="WARNING", stream=sys.stderr)  # the server's warnings, not a line per request
     print(f"validity: {len(SCHEMAS)} schemas, {len(REGEXES)} regexes/choices, seeds 0-{a.seeds - 1}, "
           f"gen_length {GEN_LENGTH}, steps {STEPS}, block {BLOCK}, temperature {TEMPERATURE:g}, "
           f"{CONCURRENCY} at a time", flush=True)
-    print(f"  {'model':20s} {'door':6s} {'schemas':>9s} {'regex/choice':>12s} {'seeds':>5s} {'seconds':>8s}", flush=True)
+    print(f"  {'model':20s} {'door':6s} {'schemas':>9s} {'regex/choice':>12s} {'seeds':>5s} {'seconds':>8s}",
+          flush=True)
     for name in filter(None, a.models.split(",")):
-        llm = load(name, tmp)
-        for door, outcomes, seconds in through_doors(llm, doors, jobs):
+        for door, outcomes, seconds in through_doors(partial(load, name, tmp), doors, jobs):
             ok_s, n_s, ok_r, n_r, bad = tally(jobs, outcomes)
             print(f"  {name:20s} {door:6s} {f'{ok_s}/{n_s}':>9s} {f'{ok_r}/{n_r}':>12s} {a.seeds:5d} {seconds:8.0f}",
                   flush=True)
@@ -265,7 +282,7 @@ def serving(a: argparse.Namespace, tmp: Path) -> None:
     n, G = a.requests, a.length
     for name in filter(None, a.models.split(",")):
         llm = load(name, tmp)
-        folder = tmp / name if name == "llada-vocab" else EMBEDDED_MODELS[name]
+        folder = model_dir(name, tmp)
         schemas = fitting(llm, G)
         special = tuple(sorted(llm.tokenizer.special_ids))  # pad fillers, stop ids: not counted as text
         specs = {w: serving_specs(w, n, G, schemas, a) for w in SERVING_WORKLOADS}
@@ -344,7 +361,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             serving(a, Path(tmp))
         return
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+    with tempfile.TemporaryDirectory() as tmp:  # not under inference_mode: a served LLM's tensors must be normal
         validity(a, Path(tmp))
         if a.repeats:
             throughput(a, Path(tmp))

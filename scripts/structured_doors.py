@@ -1,8 +1,8 @@
 """The doors of scripts/bench_structured.py's validity sweep: the same constrained requests through
 the engine's offline API, over gRPC with the Python client (`celeris_client`), and over HTTP with
 the official `openai` SDK against the OpenAI-compatible gateway. gRPC and HTTP go to one real
-server started in this process on free ports (both doors of one `CelerisServer`, over the LLM the
-engine door used, so a model built into a folder is served from that folder).
+server started in this process on free ports (both doors of one `CelerisServer`, over an LLM
+loaded from the model's folder like `celeris serve --model FOLDER` does).
 
 Every door sends the same request: prompt "Answer:", temperature 1, the job's seed, 128 tokens,
 steps 128, block 32; gRPC and HTTP send 16 requests at a time. HTTP sends a JSON schema the
@@ -107,16 +107,22 @@ def in_process_server(llm: LLM) -> Iterator[tuple[str, str]]:
         loop.close()
 
 
-def through_doors(llm: LLM, doors: list[str], jobs: list[Job]) -> Iterator[tuple[str, list[Outcome], float]]:
-    """(door, outcomes, seconds) for each door asked, in DOORS order; one server serves gRPC and
-    HTTP (its start and stop are not in the seconds)."""
+def through_doors(load: Callable[[], LLM], doors: list[str],
+                  jobs: list[Job]) -> Iterator[tuple[str, list[Outcome], float]]:
+    """(door, outcomes, seconds) for each door asked, in DOORS order. `load` gives a fresh LLM: one
+    for the engine door, another for the server, which serves gRPC and HTTP (its load, start and
+    stop are not in the seconds). Fresh, so the server starts from a just-loaded engine: buffers an
+    LLM made under inference_mode (the engine door runs there) cannot be written by the server's
+    step thread, which runs outside it ("Inplace update to inference tensor outside InferenceMode")."""
     def timed(door: str, drive: Callable[[], list[Outcome]]) -> tuple[str, list[Outcome], float]:
         t0 = time.perf_counter()
         return door, drive(), time.perf_counter() - t0
     if "engine" in doors:
+        llm = load()
         yield timed("engine", lambda: engine_door(llm, jobs))
+        del llm
     if "grpc" in doors or "http" in doors:
-        with in_process_server(llm) as (target, url):
+        with in_process_server(load()) as (target, url):
             if "grpc" in doors:
                 yield timed("grpc", lambda: grpc_door(target, jobs))
             if "http" in doors:
