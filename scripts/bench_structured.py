@@ -1,14 +1,21 @@
-"""Structured outputs: validity over 20 schemas and 10 regexes/choices x seeds x models, and the
-throughput cost of the constraint at concurrency 16, side by side in one run.
+"""Structured outputs: validity over 20 schemas and 10 regexes/choices x seeds x models x doors, and
+the throughput cost of the constraint at concurrency 16, side by side in one run.
 
-    PYTHONPATH=. python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,llada-vocab]
-                                                    [--throughput-model celeris-tiny] [--repeats 3]
+    python scripts/bench_structured.py [--seeds 5] [--models celeris-tiny,celeris-tiny-block,llada-vocab]
+                                       [--door engine|grpc|http|all] [--throughput-model celeris-tiny]
+                                       [--repeats 3]   (--repeats 0: validity only)
+    python scripts/bench_structured.py --serving [--models celeris-tiny,celeris-tiny-block]
 
 Validity: every output must parse (json.loads) and validate (jsonschema), or fullmatch its
-regex / equal one of its choices. Requests go through the engine in batches of up to 16 (the
-doors are covered by tests/integration/test_structured_outputs.py). `llada-vocab` is a random
-model with LLaDA-8B's vocabulary and tokenizer shape and small layers (`LLADA` below says
-exactly what is and is not LLaDA-8B's).
+regex / equal one of its choices. The same requests (prompt "Answer:", temperature 1, seeds
+0..seeds-1, gen_length 128, steps 128, block 32) go through each door of --door (default all):
+`engine`, the engine's offline API in batches of 16; `grpc`, the Python client; `http`, the
+official openai SDK (schemas: chat + response_format json_schema strict; regexes/choices:
+completions + vLLM's structured_outputs); gRPC and HTTP 16 at a time against one server started
+in this process on free ports (scripts/structured_doors.py). One row per model x door. `llada-vocab`
+is a random model with LLaDA-8B's vocabulary and tokenizer shape and small layers, built into a
+temporary folder and loaded (and served) from it (`LLADA` below says exactly what is and is not
+LLaDA-8B's).
 Throughput: output tokens/s = generated tokens that are not special (EOS, pad fillers) / wall
 time, and wall time per step, 16 requests submitted at once (max_batch 16), interleaved, median
 of `repeats` each, for three workloads: `free` (unconstrained, ignore_eos: every position is
@@ -24,9 +31,11 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import jsonschema
@@ -36,6 +45,9 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
+from celeris.server.telemetry import configure_logging
+
+from structured_doors import BLOCK, CONCURRENCY, DOORS, GEN_LENGTH, STEPS, TEMPERATURE, Job, Outcome, through_doors
 
 S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 
@@ -142,9 +154,15 @@ def llada_vocab_model(folder: Path) -> Path:
     return folder
 
 
+def model_dir(name: str, tmp: Path) -> Path:
+    """An embedded model's folder, or llada-vocab's, built under tmp the first time."""
+    if name != "llada-vocab":
+        return EMBEDDED_MODELS[name]
+    return tmp / name if (tmp / name / "config.json").exists() else llada_vocab_model(tmp / name)
+
+
 def load(name: str, tmp: Path) -> LLM:
-    folder = llada_vocab_model(tmp / name) if name == "llada-vocab" else EMBEDDED_MODELS[name]
-    return LLM.load(folder, EngineConfig(max_batch=16, max_queue=64))
+    return LLM.load(model_dir(name, tmp), EngineConfig(max_batch=16, max_queue=64))
 
 
 def check(kind: str, value, text: str) -> bool:
@@ -157,24 +175,43 @@ def check(kind: str, value, text: str) -> bool:
         return False
 
 
-def validity(llm: LLM, seeds: int) -> tuple[int, int, int, int, list[str]]:
-    jobs = [("json_schema", s) for s in SCHEMAS] + REGEXES
-    base = replace(llm.defaults, gen_length=128, steps=128, block_length=32, temperature=1.0)
-    reqs = [(kind, value, Request(prompt="Answer:", params=replace(base, seed=seed),
-                                  structured=Structured(kind, value))) for kind, value in jobs for seed in range(seeds)]
-    ok_s = ok_r = 0
+def sweep_jobs(seeds: int) -> list[Job]:
+    """Every schema and regex/choice, each with seeds 0..seeds-1."""
+    return [(kind, value, seed) for kind, value in [("json_schema", s) for s in SCHEMAS] + REGEXES
+            for seed in range(seeds)]
+
+
+def tally(jobs: list[Job], outcomes: list[Outcome]) -> tuple[int, int, int, int, list[str]]:
+    """(valid schema outputs, schema jobs, valid regex/choice outputs, regex/choice jobs, what failed)."""
+    ok = {True: 0, False: 0}
     bad: list[str] = []
-    for i in range(0, len(reqs), 16):
-        chunk = reqs[i:i + 16]
-        for (kind, value, _), r in zip(chunk, llm.run([llm.build(q) for _, _, q in chunk])):
-            good = check(kind, value, r.text)
-            if kind == "json_schema":
-                ok_s += good
-            else:
-                ok_r += good
-            if not good:
-                bad.append(f"{kind} {str(value)[:60]}: {r.text!r}")
-    return ok_s, len(SCHEMAS) * seeds, ok_r, len(REGEXES) * seeds, bad
+    for (kind, value, seed), out in zip(jobs, outcomes, strict=True):
+        good = isinstance(out, str) and check(kind, value, out)
+        ok[kind == "json_schema"] += good
+        if not good:
+            what = f"{type(out).__name__}: {out}" if isinstance(out, Exception) else repr(out)
+            bad.append(f"{kind} {str(value)[:60]} seed {seed}: {what[:300]}")
+    n_s = sum(kind == "json_schema" for kind, _, _ in jobs)
+    return ok[True], n_s, ok[False], len(jobs) - n_s, bad
+
+
+def validity(a: argparse.Namespace, tmp: Path) -> None:
+    """The sweep through each door asked, per model: one table row per model x door."""
+    doors = list(DOORS) if a.door == "all" else [a.door]
+    jobs = sweep_jobs(a.seeds)
+    configure_logging(level="WARNING", stream=sys.stderr)  # the server's warnings, not a line per request
+    print(f"validity: {len(SCHEMAS)} schemas, {len(REGEXES)} regexes/choices, seeds 0-{a.seeds - 1}, "
+          f"gen_length {GEN_LENGTH}, steps {STEPS}, block {BLOCK}, temperature {TEMPERATURE:g}, "
+          f"{CONCURRENCY} at a time", flush=True)
+    print(f"  {'model':20s} {'door':6s} {'schemas':>9s} {'regex/choice':>12s} {'seeds':>5s} {'seconds':>8s}",
+          flush=True)
+    for name in filter(None, a.models.split(",")):
+        for door, outcomes, seconds in through_doors(partial(load, name, tmp), doors, jobs):
+            ok_s, n_s, ok_r, n_r, bad = tally(jobs, outcomes)
+            print(f"  {name:20s} {door:6s} {f'{ok_s}/{n_s}':>9s} {f'{ok_r}/{n_r}':>12s} {a.seeds:5d} {seconds:8.0f}",
+                  flush=True)
+            for line in bad[:10]:
+                print("    INVALID", line, flush=True)
 
 
 def fitting(llm: LLM, G: int) -> list[dict]:
@@ -245,7 +282,7 @@ def serving(a: argparse.Namespace, tmp: Path) -> None:
     n, G = a.requests, a.length
     for name in filter(None, a.models.split(",")):
         llm = load(name, tmp)
-        folder = tmp / name if name == "llada-vocab" else EMBEDDED_MODELS[name]
+        folder = model_dir(name, tmp)
         schemas = fitting(llm, G)
         special = tuple(sorted(llm.tokenizer.special_ids))  # pad fillers, stop ids: not counted as text
         specs = {w: serving_specs(w, n, G, schemas, a) for w in SERVING_WORKLOADS}
@@ -283,10 +320,30 @@ def serving_table(name: str, runs: dict[str, list], schemas: list[dict], a: argp
     return "\n".join(lines)
 
 
+def throughput(a: argparse.Namespace, tmp: Path) -> None:
+    """The engine's tokens/s and step time, free vs constrained, 16 requests together (tokens_per_s)."""
+    llm = load(a.throughput_model, tmp)
+    schemas = fitting(llm, a.length)
+    runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
+    for w in runs:
+        tokens_per_s(llm, w, a.length, schemas)  # warm-up
+    for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
+        for w in runs:
+            runs[w].append(tokens_per_s(llm, w, a.length, schemas))
+    med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
+    print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
+          f"temperature 1, CPU float32, medians of {a.repeats}:")
+    for w, (tps, sps) in med.items():
+        print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
+              f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--models", default="celeris-tiny,celeris-tiny-block,llada-vocab")
+    ap.add_argument("--door", default="all", choices=(*DOORS, "all"),
+                    help="validity: the engine's offline API, gRPC (celeris_client), HTTP (openai SDK), or all three")
     ap.add_argument("--throughput-model", default="celeris-tiny")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--length", type=int, default=64, help="gen_length of the throughput runs")
@@ -304,30 +361,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             serving(a, Path(tmp))
         return
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        for name in filter(None, a.models.split(",")):
-            llm = load(name, Path(tmp))
-            t0 = time.perf_counter()
-            ok_s, n_s, ok_r, n_r, bad = validity(llm, a.seeds)
-            print(f"{name}: schemas {ok_s}/{n_s} valid, regex/choice {ok_r}/{n_r} valid "
-                  f"({a.seeds} seeds, {time.perf_counter() - t0:.0f} s)", flush=True)
-            for line in bad[:10]:
-                print("  INVALID", line)
+    with tempfile.TemporaryDirectory() as tmp:  # not under inference_mode: a served LLM's tensors must be normal
+        validity(a, Path(tmp))
         if a.repeats:
-            llm = load(a.throughput_model, Path(tmp))
-            schemas = fitting(llm, a.length)
-            runs: dict[str, list] = {"free": [], "matched": [], "schemas": []}
-            for w in runs:
-                tokens_per_s(llm, w, a.length, schemas)  # warm-up
-            for _ in range(a.repeats):  # interleaved, so drift in machine load hits every workload
-                for w in runs:
-                    runs[w].append(tokens_per_s(llm, w, a.length, schemas))
-            med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in runs.items()}
-            print(f"throughput {a.throughput_model}, 16 concurrent, gen_length {a.length}, steps {a.length}, block 32, "
-                  f"temperature 1, CPU float32, medians of {a.repeats}:")
-            for w, (tps, sps) in med.items():
-                print(f"  {w:8s} {tps:8.1f} tok/s ({tps / med['free'][0]:.3f} of free)  {sps * 1e3:7.1f} ms/step "
-                      f"({sps / med['free'][1]:.3f} of free)  runs {[round(x[0], 1) for x in runs[w]]}")
+            throughput(a, Path(tmp))
 
 
 if __name__ == "__main__":
