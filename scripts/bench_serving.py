@@ -23,6 +23,7 @@ steps/s in a bare loop. Medians of --repeats; report written with --json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -43,6 +44,7 @@ from celeris_client.progress import percentile  # noqa: E402
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.scheduler import Scheduler  # noqa: E402
 from celeris.engine.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
 from celeris.engine.threads import TensorThread, available_cpus, serving_threads  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
@@ -92,6 +94,7 @@ def cell(server: ServeProcess, client: ClientProcess, mode: str, concurrency: in
             "messages_per_request": sum(r["messages"] for r in ok) / max(1, len(ok)),
             "bytes_per_request": sum(r["bytes"] for r in ok) / max(1, len(ok)),
             "steps": int(d["steps"]), "steps_per_s": d["steps"] / ans["wall_s"],
+            "forwards_per_step": d.get("forwards", 0.0) / steps,
             "forward_ms": 1000 * d["forward_s"] / steps, "cpu_ms": 1000 * d["cpu_s"] / steps,
             "loop_cpu_ms": 1000 * d["loop_cpu_s"] / steps,
             "outside_ms": 1000 * max(0.0, d["cpu_s"] - forward_cores * d["forward_s"]) / steps,
@@ -105,6 +108,37 @@ def engine_cell(llm: LLM, prompts: list[str], p: SamplingParams, concurrency: in
     run = TENSOR_THREAD.submit(run_engine, llm, prompts, p, [], None, concurrency).result()
     return {"tokens": run.tokens, "wall_s": run.seconds, "tokens_per_s": run.tokens_per_s, "steps": run.forwards,
             "steps_per_s": run.forwards / run.seconds, "forward_ms": 1000 * run.seconds / max(1, run.forwards)}
+
+
+def scheduler_cell(llm: LLM, prompts: list[str], p: SamplingParams, concurrency: int) -> dict[str, Any]:
+    """The in-process Scheduler on the server's load: `concurrency` closed-loop clients (each sends
+    its next request when its last one ends, as the client process does), stepped on the thread
+    that loaded the model, every event read; no transport, no formatting. The engine rows run
+    waves instead, whose blocks stay aligned: a closed loop admits requests mid-block, and rows
+    needing a cache refresh then take a forward of their own in the same step."""
+    async def main() -> dict[str, Any]:
+        sched = Scheduler(llm.loop, thread=TENSOR_THREAD)
+        sched.start()
+        queue, tokens = list(prompts), 0
+        steps0, forwards0 = llm.loop.steps, llm.loop.forwards
+
+        async def client() -> None:
+            nonlocal tokens
+            while queue:
+                with sched.submit(llm.request(queue.pop(0), p)) as stream:
+                    async for ev in stream:
+                        last = ev
+                    tokens += len(last.generated)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        await sched.stop()
+        steps, forwards = llm.loop.steps - steps0, llm.loop.forwards - forwards0
+        return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "steps": steps,
+                "steps_per_s": steps / wall, "forwards_per_step": forwards / max(1, steps)}
+
+    return asyncio.run(main())
 
 
 def run_matrix(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: list[str], log: Path) -> dict:
@@ -121,11 +155,12 @@ def run_matrix(a: argparse.Namespace, llm: LLM, client: ClientProcess, modes: li
             for c in a.concurrency:
                 n = a.requests or max(8, 2 * c)
                 prompts = (TEXT_PROMPTS * (n // len(TEXT_PROMPTS) + 1))[:n]
-                runs: dict[str, list] = {m: [] for m in ["engine", *modes]}
+                runs: dict[str, list] = {m: [] for m in ["engine", "scheduler", *modes]}
                 for rep in range(a.repeats):
-                    print(f"[gen {gen}, concurrency {c}, {n} requests] repeat {rep + 1}/{a.repeats}: engine",
+                    print(f"[gen {gen}, concurrency {c}, {n} requests] repeat {rep + 1}/{a.repeats}: engine, scheduler",
                           end="", flush=True)
                     runs["engine"].append(engine_cell(llm, prompts, p, c))
+                    runs["scheduler"].append(scheduler_cell(llm, prompts, p, c))
                     for mode in modes:
                         print(f", {mode}", end="", flush=True)
                         runs[mode].append(cell(server, client, mode, c, request_specs(prompts, p), 1.0))

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = {"steps": "celeris_steps_total", "forward_s": "celeris_step_latency_seconds_sum",
-           "loop_cpu_s": "celeris_event_loop_cpu_seconds"}
+           "loop_cpu_s": "celeris_event_loop_cpu_seconds", "forwards": "celeris_forward_passes_total"}
 
 
 def child_env() -> dict[str, str]:

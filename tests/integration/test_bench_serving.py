@@ -39,7 +39,7 @@ def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
     assert sorted(report["cells"]) == ["16/1", "16/4"]
     for cell in report["cells"].values():
         rows = cell["modes"]
-        assert set(rows) == {"engine", *modes}
+        assert set(rows) == {"engine", "scheduler", *modes}
         assert rows["engine"]["tokens"] > 0
         for m in modes:
             r = rows[m]
@@ -57,4 +57,8 @@ def test_quick_benchmark_reports_every_cell_and_the_targets(tmp_path):
     assert sim["server"]["failed"] == 0 and sim["server"]["messages_per_request"] == sim["gen_length"]
     assert sim["runner_steps_per_s"] > 0 and 0 < sim["ratio"] < 2
     assert sim["server"]["forward_ms"] >= sim["step_ms"] * 0.99  # the sleep is the forward
-    assert set(report["targets"]) == {"a_grpc_over_engine_gen16", "b_sim_server_over_runner", "c_delta_over_full_bytes"}
+    assert set(report["targets"]) == {"a_grpc_over_scheduler_gen16", "a_grpc_over_engine_gen16",
+                                      "b_sim_server_over_runner", "c_delta_over_full_bytes"}
+    for cell in report["cells"].values():  # the in-process scheduler ran the same requests
+        sched, engine = cell["modes"]["scheduler"], cell["modes"]["engine"]
+        assert sched["tokens"] == engine["tokens"] and sched["steps"] > 0 and sched["forwards_per_step"] >= 1
