@@ -77,6 +77,10 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
 
 
 class LLM:
+    # Built outside inference mode even when the caller is in it: its runner's tensors are
+    # written in place by every step, and a server steps on its own thread, outside it (an
+    # inference tensor cannot be updated in place there).
+    @torch.inference_mode(False)
     def __init__(self, model: MaskPredictor, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.name = model, tokenizer, config, name
@@ -87,6 +91,7 @@ class LLM:
         self.requests = Requests(tokenizer, config, defaults, self.family)
 
     @classmethod
+    @torch.inference_mode(False)
     def load(cls, folder: Optional[Union[str, Path]] = None, config: EngineConfig = EngineConfig(),
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""

@@ -159,3 +159,31 @@ def test_a_scheduler_given_the_loading_thread_steps_on_it(tiny_model_dir):
     assert events[-1].finished and len(events) == 8
     assert stepped_on == {tt.ident}
     assert tt.call(lambda: 7) == 7  # the stopped scheduler's worker has given the thread back
+
+
+def test_a_model_loaded_under_inference_mode_is_served_on_the_step_thread(tiny_model_dir):
+    """Code that embeds the engine may load it under `torch.inference_mode()`; the step worker
+    runs outside it, where an inference tensor cannot be written in place: the runner's state
+    is built as normal tensors whatever the caller's mode."""
+    import asyncio
+
+    import torch
+
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
+    from celeris.engine.params import SamplingParams
+    from celeris.engine.scheduler import Scheduler
+
+    with torch.inference_mode():
+        llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_gen_length=64))
+
+    async def go():
+        sched = Scheduler(llm.loop)
+        sched.start()
+        with sched.submit(llm.request("Emma", SamplingParams(gen_length=16, steps=8, block_length=8, seed=0))) as s:
+            events = [ev async for ev in s]
+        await sched.stop()
+        return events
+
+    events = asyncio.run(go())
+    assert events[-1].finished and events[-1].finish_reason.value in ("length", "stop")
