@@ -13,13 +13,23 @@ cd "$(dirname "$0")/.."
 OUT_DIR="${1:-${OUT:-.}}"
 mkdir -p "$OUT_DIR"
 WORK="$(mktemp -d)"
+# The checkout is not installed there: its installed names (celeris.engine, celeris.server,
+# celeris.v1, celeris_client) are links to its folders, first on the path.
+SHIM="$WORK/shim"
+mkdir -p "$SHIM/celeris"
+ln -s "$PWD/engine" "$SHIM/celeris/engine"
+ln -s "$PWD/server" "$SHIM/celeris/server"
+ln -s "$PWD/clients/celeris/v1" "$SHIM/celeris/v1"
+ln -s "$PWD/clients" "$SHIM/celeris_client"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "wheel install failed" >&2
-  export PYTHONPATH="/tmp/site:$PWD:$PWD/protos"
+  export PYTHONPATH="$SHIM:/tmp/site:$PWD"
 else
-  export PYTHONPATH="$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$SHIM:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
+python3 -c "import celeris.engine.llm, celeris.server.app, celeris.v1.generation_pb2, celeris_client" \
+  || echo "the checkout's packages do not import" >&2
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
 SMOKE="${CELERIS_GPU_CHECK_SMOKE:-}"
