@@ -35,7 +35,7 @@ from celeris.engine.family import Family, family_of
 from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
 from celeris.engine.moe import MoE
-from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
+from celeris.engine.runner_api import EMPTY, RowResult, StepStats, read_queued, row_results
 from celeris.engine.sampler import published_order, select_tokens, with_edits
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.structured.constraint import window_masks
@@ -116,8 +116,7 @@ class BlockRunner:
     def step(self, seqs: Seq[BlockSequence], during: Optional[Callable[[], None]] = None
              ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
-        results = [EMPTY] * len(seqs)
-        committed, forwards, widest, graphed, reads = 0, 0, (0, 0, 0), False, []
+        forwards, widest, graphed, reads = 0, (0, 0, 0), False, []
         for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
                       [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
             if not group:
@@ -129,12 +128,7 @@ class BlockRunner:
             graphed |= self._graphed
             B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
             widest = max(widest, (B * Wq, B, Wq))
-        if during is not None:  # both forwards are queued: host work beside the device's
-            during()
-        for group, read in reads:
-            for i, r in zip(group, read()):
-                results[i] = r
-                committed += len(r.positions)
+        results, committed = read_queued(reads, len(seqs), during)
         return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
                                   graphed, forwards)
 

@@ -28,7 +28,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
 from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
-from celeris.engine.runner_api import EMPTY, RowResult, StepStats, row_results
+from celeris.engine.runner_api import RowResult, StepStats, read_queued, row_results
 from celeris.engine.sampler import published_order, select_tokens
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.sequence import Sequence
@@ -196,8 +196,7 @@ class Runner:
         plans = [self._plan(s) for s in seqs]
         for i, (mode, _) in enumerate(plans):
             groups.setdefault(mode, []).append(i)
-        results: list[RowResult] = [EMPTY] * len(seqs)
-        committed, graphed, biggest, reads = 0, False, None, []
+        graphed, biggest, reads = False, None, []
         for mode, members in groups.items():
             group = [seqs[i] for i in members]
             b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
@@ -206,12 +205,7 @@ class Runner:
             reads.append((members, self._select(b, geo, view, logits, batch, spans, group)))
             graphed |= graph
             biggest = b if biggest is None or b.B * b.L > biggest.B * biggest.L else biggest
-        if during is not None:  # every group is queued: host work beside the device's
-            during()
-        for members, read in reads:
-            for i, r in zip(members, read()):
-                results[i] = r
-                committed += len(r.positions)
+        results, committed = read_queued(reads, len(seqs), during)
         return results, StepStats(len(seqs), biggest.B, biggest.L, biggest.W, committed,
                                   time.perf_counter() - t0, graphed, len(groups) + ("cfg" in groups))
 

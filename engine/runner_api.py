@@ -10,7 +10,7 @@ for benchmarks. `row_results` is the one place a step's device results become ho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence as Seq
+from typing import Callable, Optional, Protocol, Sequence as Seq
 
 import torch
 
@@ -74,6 +74,21 @@ class StepRunner(Protocol):
         `overlaps_host` is true also takes `during`, a callable it runs exactly once, after the
         step's device work is queued and before the host waits for its results (host work
         that overlaps the device's; `StepLoop.step_later`)."""
+
+
+def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,
+                during: Optional[Callable[[], None]]) -> tuple[list[RowResult], int]:
+    """A step's results once every group's device work is queued: `during` first (host work
+    beside the device's), then each group's read (`row_results`, the host's wait) into the rows
+    it holds, of n. -> (results by row, tokens committed)."""
+    if during is not None:
+        during()
+    results, committed = [EMPTY] * n, 0
+    for rows, read in reads:
+        for i, r in zip(rows, read()):
+            results[i] = r
+            committed += len(r.positions)
+    return results, committed
 
 
 def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
