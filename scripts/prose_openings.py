@@ -3,7 +3,7 @@ first 8 words (as `celeris eval`'s prose check), with the model's default settin
 share of distinct first-5-word openings and the most common one, then answers a few candidate
 page prompts (completion mode) so the web page's default can be one the model answers.
 
-    PYTHONPATH=. python scripts/prose_openings.py [--cache-dir DIR] [--threads 1]
+    python scripts/prose_openings.py [--cache-dir DIR] [--threads 1]
 """
 
 from __future__ import annotations
