@@ -267,12 +267,18 @@ def test_browser_marks_a_revising_models_cells_as_they_change(browser, tmp_path_
         fill(browser, "prompt", "w5 w6 w7")
         for field, value in (("max_tokens", "16"), ("max_denoising_steps", "5"), ("seed", "3")):
             fill(browser, field, value)
+        browser.find_element("css selector", "#revising summary").click()  # the revising knobs' group
+        for field, value in (("t_max", "0.9"), ("stability_threshold", "2")):
+            fill(browser, field, value)
+        sent = browser.execute_script("return knobs()")  # the body the page sends
+        assert sent["t_max"] == 0.9 and sent["stability_threshold"] == 2 and "t_min" not in sent
         browser.find_element("id", "go").click()
         WebDriverWait(browser, 120).until(lambda d: d.find_element("tag name", "body").get_attribute("data-state")
                                           in ("done", "error"))
         assert browser.find_element("id", "error").text == ""
         frames = browser.execute_script("return window.celerisFrames")
-        body = {"prompt": "w5 w6 w7", "max_tokens": 16, "max_denoising_steps": 5, "seed": 3}
+        body = {"prompt": "w5 w6 w7", "max_tokens": 16, "max_denoising_steps": 5, "seed": 3, "t_max": 0.9,
+                "stability_threshold": 2}
         req = urllib.request.Request(live.http_url + "/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         final = json.loads(urllib.request.urlopen(req).read())["choices"][0]["text"]
