@@ -3,8 +3,8 @@
 A `Sequence` knows where its request stands in the reverse process — block, step within the
 block, how many tokens the fixed schedule commits next — and applies what the runner committed.
 The step loop owns sequences; a runner reads each row's geometry and parameters from them, and
-the loop feeds the runner's per-row results back through `Sequence.apply`, which yields a
-`StepEvent`.
+the loop feeds the runner's per-row results back through `Sequence.apply_row_later`, which
+commits them and returns the call that builds the step's `StepEvent` (`apply` builds it at once).
 """
 
 from __future__ import annotations
