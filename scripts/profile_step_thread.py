@@ -9,10 +9,10 @@ not a dependency).
 concurrent every-step delta streams of gen_length 256, steps 256, block 32, threshold 0.9,
 re-sent as they end. py-spy samples the server by wall time (`--idle`: waiting threads too). A
 sample is the step thread's when its stack holds `Scheduler._work`; idle when that thread waits
-for work (its `_kick`); the rest is the thread's busy time, split by the deepest celeris frame
-kind on the stack: the model's forward (engine/model.py, moe.py, gemma.py, attention.py,
-cache.py), selection and the runner around it (the runners, sampler, sampling batch, graphs),
-and the rest (the step loop, sequences, events, the hand-off to the event loop). A wait for the
+for work (its `_kick`); the rest is the thread's busy time: a sample with a frame of the
+model's forward on its stack (engine/model.py, moe.py, gemma.py, attention.py, cache.py) is
+forward; else one with a frame of the runner around it (the runners, sampler, sampling batch,
+graphs) is runner; else the rest (the step loop, sequences, events, the hand-off). A wait for the
 GIL counts where the thread waits: inside the forward (a torch op returning) as forward.
 Prints the split and the share of the forward (issue #28's target: >= 60%).
 """
