@@ -235,10 +235,6 @@ class Sequence:
                                 or self.constraint.layout.canvas[pc[0]] == self.mask_id])
         return tuple(p for p, _ in pairs), tuple(c for _, c in pairs)
 
-    def apply_row(self, r: Any) -> StepEvent:
-        """Apply a runner's `runner_api.RowResult` for this request and return the step's event."""
-        return self.apply_row_later(r)()
-
     def apply_row_later(self, r: Any) -> Callable[[], StepEvent]:
         """Apply a runner's `runner_api.RowResult` now; the returned call builds the step's event
         from the state this left (the step loop's one call). Call it before the sequence changes
