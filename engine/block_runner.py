@@ -194,7 +194,7 @@ class BlockRunner:
         dev = self.device
         denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
         candidate = real & (ids == self.mask_id) & denoise[:, None]
-        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids, edits=s.editing)
+        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids, edits=s.edits_now)
                                      for s in rows], B, self.model.cfg.vocab_size, dev)
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)

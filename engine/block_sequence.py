@@ -21,6 +21,10 @@ once the block has no mask left it runs up to max_post_steps more steps while ed
 ends at the first step that edits nothing. Such a post step writes the block's keys/values, so a
 block that ends on an edit-free step needs no store step. Every step commits at least
 num_to_transfer masks: its published name for the block split over its steps, rounded up.
+The published loop has no step limit: an edit may write the mask token back, so edits that keep
+re-opening positions would never end. Celeris stops editing a block after EDIT_STEP_FACTOR times
+its planned steps (mask steps plus max_post_steps), far past any decode seen in the parity runs;
+its masks are then filled and it ends like any block.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from celeris.engine.sampler import transfer_schedule
 from celeris.engine.sequence import FinishReason, Sequence, StepEvent
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
+EDIT_STEP_FACTOR = 4  # edits stop after this many times a block's planned steps (module doc)
 
 
 @dataclass
@@ -66,6 +71,17 @@ class BlockSequence(Sequence):
         """Whether written tokens may be replaced (LLaDA2.1 with an editing threshold; a structured
         output's tokens are never edited)."""
         return self.edits and self.params.editing_threshold is not None and self.constraint is None
+
+    @property
+    def edits_now(self) -> bool:
+        """Whether this step may edit: editing, and the block within its step limit (module doc)."""
+        return self.editing and self.step_in_block < EDIT_STEP_FACTOR * self._block_steps
+
+    @property
+    def _block_steps(self) -> int:
+        """LLaDA2.1's planned steps for one block: its masks' steps, then max_post_steps."""
+        b = self.params.block_length
+        return -(-b // self._schedule[0]) + (self.params.max_post_steps if self.editing else 0)
 
     @property
     def revising(self) -> bool:
@@ -127,7 +143,7 @@ class BlockSequence(Sequence):
         prefill = -(-self.first_block * b // self._chunk)
         per_block = b if self.params.adaptive else self.params.steps_per_block
         if self.edits:
-            per_block = -(-b // self._schedule[0]) + (self.params.max_post_steps if self.editing else 0)
+            per_block = self._block_steps
         return prefill + self.decode_blocks * per_block + self.decode_blocks - 1
 
     @property

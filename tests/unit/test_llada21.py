@@ -153,3 +153,27 @@ def test_a_mask_token_in_the_prompts_tail_is_filled_as_published(llm, ref_model)
         s = run_engine(llm, [p], **_params(4, 0.5, editing, 2))[0]
         assert s.generated() == cut(ref.ids, G), (editing, ref)
         assert s.finished
+
+
+def test_edits_that_keep_reopening_positions_end(llm, monkeypatch):
+    """A model sure of the mask token everywhere: each step fills one mask (the mask token is
+    never a fill) and edits every written position back to the mask token, so no block is ever
+    full. The published loop would run forever; Celeris stops editing a block after
+    EDIT_STEP_FACTOR x its planned steps, fills it, and the request ends with no mask in its
+    output."""
+    from celeris.engine.block_sequence import EDIT_STEP_FACTOR
+
+    head = llm.model.head
+
+    def mask_everywhere(h):
+        logits = head(h)
+        logits[..., MASK_ID] += 1e4
+        return logits
+
+    monkeypatch.setattr(llm.model, "head", mask_everywhere)
+    b, post = 4, 2
+    s = run_engine(llm, [PROMPTS[1]], **_params(b, 0.5, 0.0, post))[0]  # 8 tokens: 4 whole blocks to decode
+    assert s.finished and len(s.output) == G and MASK_ID not in s.output
+    capped = EDIT_STEP_FACTOR * (b + post)  # one mask a step, then the post steps
+    # one prefill; per block the capped steps, the b - 1 masks left, an edit-free post step
+    assert s.nfe == 1 + s.decode_blocks * (capped + b - 1 + 1)
