@@ -226,10 +226,10 @@ def llada21_generate(model: BlockModel, prompt_ids: Sequence[int], gen_length: i
     the generated part and an EOS in it, the loop stops (eos_early_stop; the output is the same
     without it: a finished block never changes). The output is cut after the first EOS.
 
-    Not run against the published file itself (the Hugging Face repository is not reachable from
-    here): written from public verbatim copies and transcriptions of it, which agree on every rule
-    above. test_block_references ties it to the LLaDA2.0 loop (checked against the published code)
-    where the two must agree.
+    Written from public verbatim copies and transcriptions of the published file, which agree on
+    every rule above; test_block_references ties it to the LLaDA2.0 loop (checked against the
+    published code) where the two must agree. The engine itself is checked against the published
+    file (scripts/check_llada21_parity.py: identical with its mask as intended, docs/revising-models.md).
     """
     P = len(prompt_ids)
     b = block_length
