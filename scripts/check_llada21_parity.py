@@ -21,12 +21,12 @@ post-step settings x three prompts) through:
 
 Celeris never fills a mask with the mask token; the published loop does when the model ranks it
 first (a random checkpoint may), and under a threshold it may then never end. The report marks
-the cases where the published model picked the mask token and stops a published run after
---max-forwards forwards.
+the cases where the published model picked the mask token for a mask and stops a published
+run after --max-forwards forwards.
 
 Needs transformers 4.x (the 5589aeb revision asks for RoPE type "default", gone in 5.x).
 Exits 1 if, with the mask as intended, Celeris differs in a case where the published model
-never picked the mask token.
+never picked the mask token for a mask.
 """
 
 from __future__ import annotations
@@ -96,23 +96,25 @@ def cut(ids: list[int]) -> list[int]:
 
 class Watch:
     """Counts one `generate()`'s forwards (raising `NoEnd` past `limit`) and notes whether the
-    model's pick was the mask token anywhere in the block: Celeris never fills a mask with the
-    mask token (docs/models.md), the published loop does, and with a threshold it may then spin
-    forever on a position that stays masked."""
+    model picked the mask token for a position that is a mask: Celeris never fills a mask with
+    the mask token (docs/models.md); the published loop may, and the position stays a mask, so
+    under a threshold the loop may never end."""
 
     def __init__(self, model, mask_id: int, limit: int):
-        self.limit, self.forwards, self.picked_mask = limit, 0, False
+        self.limit, self.forwards, self.picked_mask, self.window = limit, 0, False, None
         forward, sample = model.forward, model._sample_with_temperature_topk_topp
 
-        def counted(*args, **kwargs):
+        def counted(input_ids, *args, **kwargs):
             self.forwards += 1
             if self.forwards > self.limit:
                 raise NoEnd
-            return forward(*args, **kwargs)
+            self.window = input_ids
+            return forward(input_ids, *args, **kwargs)
 
-        def noted(*args, **kwargs):
+        def noted(*args, **kwargs):  # called on the logits of the window's last block
             x0, p = sample(*args, **kwargs)
-            self.picked_mask |= bool((x0 == mask_id).any())
+            block = self.window[:, -x0.shape[1]:]
+            self.picked_mask |= bool(((x0 == mask_id) & (block == mask_id)).any())
             return x0, p
 
         model.forward, model._sample_with_temperature_topk_topp = counted, noted
@@ -127,7 +129,7 @@ class NoEnd(Exception):
 
 def published_outputs(folder: Path, published: Path, intended: bool, cases, limit: int) -> tuple[list, list, set]:
     """Per case: the cut output (None if the loop did not end within `limit` forwards) and
-    whether the model picked the mask token; the kinds of mask attention saw."""
+    whether the model picked the mask token for a mask; the kinds of mask attention saw."""
     modeling = import_folder(published)
     seen = MaskSeen(modeling.eager_attention_forward, intended)
     modeling.eager_attention_forward = seen
@@ -186,14 +188,15 @@ def main(argv=None) -> int:
         explained = sum(a != b and m for a, b, m in zip(ours, theirs, picked))
         print(f"{label:17s} mask reaching attention: {', '.join(sorted(kinds)) or 'none'}; "
               f"Celeris identical in {same}/{len(cases)} cases"
-              + (f" ({explained} of the others: the published model picked the mask token)" if explained else ""),
+              + (f" ({explained} of the others: the published model picked the mask token for a mask)"
+                 if explained else ""),
               flush=True)
         for (block, s, p), a, b, m in zip(cases, ours, theirs, picked):
             if a != b:
                 why = ("published loop did not end" if b is None else "differs") + (
-                    "; the published model picked the mask token" if m else "")
+                    "; the published model picked the mask token for a mask" if m else "")
                 print(f"  block {block}, settings {s}, prompt length {len(p)}: {why}")
-        # With the mask as intended, every case where the model never picked the mask token must agree.
+        # With the mask as intended, every case where the model never picked the mask token for a mask must agree.
         ok = ok and (not intended or all(a == b or m for a, b, m in zip(ours, theirs, picked)))
     return 0 if ok else 1
 

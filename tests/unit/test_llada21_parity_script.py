@@ -62,23 +62,26 @@ def test_cut_stops_at_eos_or_mask_and_at_the_generation_length(script):
     assert script.cut(list(range(100, 140))) == list(range(100, 100 + script.G))
 
 
-def test_watch_bounds_forwards_and_notes_the_mask_token(script):
+def test_watch_bounds_forwards_and_notes_the_mask_token_picked_for_a_mask(script):
     class Model:
-        def forward(self, x):
-            return x
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
 
         def _sample_with_temperature_topk_topp(self, logits):
             return logits.argmax(-1), logits.amax(-1)
 
-    model = Model()
-    watch = script.Watch(model, mask_id=3, limit=2)
-    model.forward(1), model.forward(2)
-    with pytest.raises(script.NoEnd):
-        model.forward(3)
-    model._sample_with_temperature_topk_topp(torch.eye(4)[[0, 1]])
-    assert not watch.picked_mask
-    model._sample_with_temperature_topk_topp(torch.eye(4)[[0, 3]])
+    model, mask = Model(), 3
+    watch = script.Watch(model, mask_id=mask, limit=3)
+    picks = torch.eye(4)[[0, 3]][None]  # (1, 2, V): the block's second position picks the mask token
+    model.forward(torch.tensor([[9, 9, 5, 6]]))  # the window's last block (2 wide) holds no mask
+    model._sample_with_temperature_topk_topp(picks)
+    assert not watch.picked_mask  # an edit to the mask token: Celeris does that too
+    model.forward(torch.tensor([[9, 9, 5, mask]]), attention_mask=None)
+    model._sample_with_temperature_topk_topp(picks)
     assert watch.picked_mask
+    model.forward(torch.tensor([[1]]))
+    with pytest.raises(script.NoEnd):
+        model.forward(torch.tensor([[1]]))
     watch.reset()
     assert (watch.forwards, watch.picked_mask) == (0, False)
-    model.forward(4)
+    model.forward(torch.tensor([[1]]))
