@@ -179,11 +179,13 @@ def main(argv=None) -> int:
     cases = [(b, s, p) for b in BLOCKS for s in SETTINGS for p in PROMPTS]
     if args.quick:
         cases = [(4, (0.5, 0.0, 2), PROMPTS[2])]
-    folder = write_llada21_checkpoint(Path(tempfile.mkdtemp()) / "llada21", seed=args.seed)
-    ours = celeris_outputs(folder, cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_llada21_checkpoint(Path(tmp) / "llada21", seed=args.seed)
+        ours = celeris_outputs(folder, cases)
+        runs = [(label, intended, published_outputs(folder, args.published, intended, cases, args.max_forwards))
+                for label, intended in (("as published", False), ("mask as intended", True))]
     ok = True
-    for label, intended in (("as published", False), ("mask as intended", True)):
-        theirs, picked, kinds = published_outputs(folder, args.published, intended, cases, args.max_forwards)
+    for label, intended, (theirs, picked, kinds) in runs:
         same = sum(a == b for a, b in zip(ours, theirs))
         explained = sum(a != b and m for a, b, m in zip(ours, theirs, picked))
         print(f"{label:17s} mask reaching attention: {', '.join(sorted(kinds)) or 'none'}; "
