@@ -47,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.params import SamplingParams  # noqa: E402
-from tests.unit.block_references.checkpoints import EOS_ID, MASK_ID, write_llada21_checkpoint  # noqa: E402
+from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut,  # noqa: E402
+                                                     write_llada21_checkpoint)
 
 G = 16
 PROMPTS = [[17, 301, 45], [88, 5, 640, 31, 77, 402, 15, 9], [12, 33, 999, 4, 58, 61, 700, 13, 90, 210, 6]]
@@ -82,16 +83,6 @@ class MaskSeen:
             if self.intended and zero_one:
                 attention_mask = torch.zeros_like(attention_mask).masked_fill(attention_mask == 0, float("-inf"))
         return self.inner(module, query, key, value, attention_mask, *args, **kwargs)
-
-
-def cut(ids: list[int]) -> list[int]:
-    """The first G ids up to the first EOS or mask (neither included), as both sides are compared."""
-    out = []
-    for t in ids[:G]:
-        if t in (EOS_ID, MASK_ID):
-            break
-        out.append(t)
-    return out
 
 
 class Watch:
@@ -144,7 +135,7 @@ def published_outputs(folder: Path, published: Path, intended: bool, cases, limi
                 ids = model.generate(torch.tensor([prompt]), block_length=block, steps=G, gen_length=G,
                                      threshold=thr, editing_threshold=1.0 if edit is None else edit,
                                      max_post_steps=post, eos_id=EOS_ID, mask_id=MASK_ID)
-                outs.append(cut(ids[0].tolist()))
+                outs.append(cut(ids[0].tolist(), G))
             except NoEnd:
                 outs.append(None)
             picked.append(watch.picked_mask)
@@ -163,7 +154,7 @@ def celeris_outputs(folder: Path, cases) -> list[list[int]]:
         for s in seqs:
             llm.loop.add(s)
         llm.loop.run_to_completion()
-        outs += [cut(s.generated()) for s in seqs]
+        outs += [cut(s.generated(), G) for s in seqs]
     return outs
 
 

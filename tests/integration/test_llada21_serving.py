@@ -14,7 +14,7 @@ from celeris.v1 import generation_pb2 as pb
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
 from tests.integration.conftest import collect, running_server
-from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
+from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
                                                      write_llada21_checkpoint)
 from tests.unit.block_references.generate import llada21_generate
 from tests.unit.block_references.modeling import load_block_model
@@ -34,15 +34,6 @@ def request(prompt: list[int], **kw) -> pb.GenerateRequest:
                               threshold=0.5, editing_threshold=0.0, max_post_steps=3, seed=0, **kw)
 
 
-def cut(ids: list[int]) -> list[int]:
-    out = []
-    for t in ids[:G]:
-        if t in (EOS_ID, MASK_ID):
-            break
-        out.append(t)
-    return out
-
-
 @pytest.mark.slow  # ~12 s under load: three reference runs recompute their windows every step
 async def test_concurrent_editing_requests_equal_the_published_loop_and_show_revisions(llada21):
     folder, llm = llada21
@@ -54,7 +45,7 @@ async def test_concurrent_editing_requests_equal_the_published_loop_and_show_rev
     for p, msgs in zip(PROMPTS, results):
         ref = llada21_generate(model, p, G, 4, threshold=0.5, editing_threshold=0.0, max_post_steps=3,
                                mask_id=MASK_ID, eos_id=EOS_ID)
-        assert cut([t.id for t in msgs[-1].tokens]) == cut(ref.ids)
+        assert cut([t.id for t in msgs[-1].tokens], G) == cut(ref.ids, G)
         for before, after in zip(msgs, msgs[1:]):  # a position that held a token holds another one
             revisions += sum(a.id != b.id and not a.masked and not b.masked
                              for a, b in zip(before.tokens, after.tokens))

@@ -15,7 +15,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.engine.params import SamplingParams
-from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, write_llada2_checkpoint,
+from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
                                                      write_llada21_checkpoint, write_sdar_checkpoint)
 from tests.unit.block_references.generate import llada2_generate, llada21_generate, sdar_generate
 from tests.unit.block_references.modeling import load_block_model
@@ -46,15 +46,6 @@ def run_engine(llm: LLM, prompts, **params):
         llm.loop.add(s)
     llm.loop.run_to_completion()
     return seqs
-
-
-def cut(ids: list[int], n: int) -> list[int]:
-    out = []
-    for t in ids[:n]:
-        if t in (EOS_ID, MASK_ID):
-            break
-        out.append(t)
-    return out
 
 
 SDAR_CASES = [  # (block_length, steps per block, remasking, threshold)

@@ -57,9 +57,9 @@ def test_an_additive_mask_passes_unchanged(script, mask):
 
 
 def test_cut_stops_at_eos_or_mask_and_at_the_generation_length(script):
-    assert script.cut([5, 6, script.EOS_ID, 7]) == [5, 6]
-    assert script.cut([5, script.MASK_ID, 7]) == [5]
-    assert script.cut(list(range(100, 140))) == list(range(100, 100 + script.G))
+    assert script.cut([5, 6, script.EOS_ID, 7], script.G) == [5, 6]
+    assert script.cut([5, script.MASK_ID, 7], script.G) == [5]
+    assert script.cut(list(range(100, 140)), script.G) == list(range(100, 100 + script.G))
 
 
 def test_watch_bounds_forwards_and_notes_the_mask_token_picked_for_a_mask(script):

@@ -34,6 +34,17 @@ PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
 TOKENIZER_VOCAB = 1024
 
 
+def cut(ids: list[int], n: int) -> list[int]:
+    """A decode as the block tests compare it: the first n ids up to the first EOS or mask
+    (neither included)."""
+    out = []
+    for t in ids[:n]:
+        if t in (EOS_ID, MASK_ID):
+            break
+        out.append(t)
+    return out
+
+
 def sdar_config(**overrides) -> dict:
     """A small SDAR config.json with the keys the published SDAR-4B/8B-Chat configs carry."""
     cfg = {
