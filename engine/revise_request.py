@@ -7,6 +7,8 @@ writes them): positions of committed canvases are final; every position of the c
 denoised shows its current argmax and may change at the next step; positions of canvases not
 started yet hold the mask id (no vocabulary token), so they render as the mask marker. Each
 step's event lists, as `committed`, the positions written that step (changed, or made final).
+Stop strings are looked for in final text only, each time a canvas is committed: one found ends
+the request there (the runner's row is dropped when its slot is next loaded).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class RevisingSequence(Sequence):
         self.final_length = r.final
         if complete and self.block + 1 < self.params.num_blocks:
             self.block += 1
-        if r.done:
+        if (complete or r.done) and self.find_stop_text is not None:
+            self.stops_within(self.final_length)  # a stop string in the final text ends it here
+        if r.done and not self.finished:
             head = self.canvas[:self.final_length]
             stopped = stop_cut(head, self.stop_ids) < len(head)
             self.finish_reason = FinishReason.STOP if stopped else FinishReason.LENGTH

@@ -98,6 +98,26 @@ def test_openai_plain_streaming_sends_only_final_text(live, gemma_llm):
     assert texts[0] == gemma_llm.detokenize(_library(gemma_llm)[:8])  # exactly the first committed canvas
 
 
+def test_stop_strings_cut_final_text_on_every_door(live, gemma_llm):
+    """A stop string from the second canvas: HTTP (plain streaming and not) and gRPC end with
+    `stop`, the text cut where it begins, and the streamed text never holds it."""
+    ids = _library(gemma_llm)
+    full = gemma_llm.detokenize(ids)
+    stop = gemma_llm.tokenizer.token_text(ids[11]).strip()
+    want = full[:full.index(stop)]
+    body = {"prompt": PROMPT, "max_tokens": 16, "seed": 3, "max_denoising_steps": 5, "ignore_eos": True,
+            "stop": [stop]}
+    plain = json.loads(post(live, "/v1/completions", body).read())["choices"][0]
+    assert (plain["text"], plain["finish_reason"]) == (want, "stop")
+    events = [e for e in sse_events(post(live, "/v1/completions", body | {"stream": True})) if e != "[DONE]"]
+    texts = [e["choices"][0]["text"] for e in events if e["choices"]]
+    assert "".join(texts) == want and all(stop not in t for t in texts)
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "stop"
+    with CelerisClient(live.grpc_target) as c:
+        snaps = list(c.stream(PROMPT, stop=[stop], **KNOBS))
+    assert snaps[-1].done and snaps[-1].text == want and snaps[-1].finish_reason == "stop"
+
+
 def test_sse_diffusing_delta_cells_say_final_and_revise(live):
     body = {"prompt": PROMPT, "stream": True, "diffusing": True, "max_tokens": 16, "seed": 3,
             "max_denoising_steps": 5, "ignore_eos": True}

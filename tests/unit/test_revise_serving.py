@@ -103,6 +103,27 @@ def test_events_say_what_is_final(llm):
     assert revised > 0  # the canvas being denoised did change what it showed
 
 
+def test_a_stop_string_ends_the_request_at_the_canvas_that_holds_it(llm):
+    """Stop strings are looked for in final text only, as each canvas is committed: the output is
+    the unstopped run's, cut where the stop string first begins, and no canvas after the one
+    holding it is denoised. A stop string that never appears changes nothing."""
+    params = replace(_params(llm, "steps", 0, 24), ignore_eos=True, max_denoising_steps=3)  # 3 canvases, 9 steps
+    full = llm.run([llm.sequence(PROMPTS[0], params)])[0]
+    assert full.finish_reason == FinishReason.LENGTH and full.steps == 9
+    ids, canvas = full.token_ids, 8
+    for pos in (2, canvas + 3, 2 * canvas + 4):  # one stop string from each canvas
+        stop = llm.tokenizer.token_text(ids[pos]).strip()
+        res = llm.run([llm.sequence(PROMPTS[0], replace(params, stop=(stop, "never said")))])[0]
+        cut = full.text.index(stop)
+        assert res.finish_reason == FinishReason.STOP, stop
+        assert res.text == full.text[:cut]
+        assert res.token_ids == ids[:len(res.token_ids)]
+        held_by = next(k for k in range(len(ids)) if stop in llm.tokenizer.decode(ids[:k + 1]))
+        assert res.steps == 3 * (held_by // canvas + 1), (stop, held_by)  # canvases run: up to the one holding it
+    unchanged = llm.run([llm.sequence(PROMPTS[0], replace(params, stop=("never said",)))])[0]
+    assert (unchanged.token_ids, unchanged.finish_reason) == (ids, FinishReason.LENGTH)
+
+
 def test_mask_knobs_are_refused_and_revise_knobs_checked(llm):
     with pytest.raises(InvalidRequest) as e:
         llm.sequence(PROMPTS[0], replace(llm.defaults, temperature=0.5, top_k=3))
