@@ -48,6 +48,7 @@ class RevisingSequence(Sequence):
         Returns the call that builds the step's event (`Sequence.apply_row_later`)."""
         for pos, tok in zip(r.positions, r.tokens):
             self.canvas[pos] = tok
+        self.token_logprobs.update(zip(r.positions, r.logprobs))  # a committed canvas's, when asked
         self.nfe += 1
         block, complete = self.block, r.final > self.final_length
         self.final_length = r.final

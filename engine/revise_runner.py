@@ -22,6 +22,7 @@ from celeris.engine.params import SamplingParams
 from celeris.engine.revise_request import RevisingSequence
 from celeris.engine.revise_sampler import ReviseParams, StepResult
 from celeris.engine.revise_sequence import ReviseSequence, step_rows
+from celeris.engine.sampler import token_logprobs
 from celeris.engine.runner_api import RowResult, StepStats
 
 DENOISE = "denoise"
@@ -85,6 +86,19 @@ class ReviseRunner:
         shown = seq.canvas
         positions = [i for i in range(before, end) if stopped or view[i] != shown[i]]
         conf = [] if res is None else torch.softmax(res.logits, -1).amax(-1).tolist()
-        return RowResult(positions, [view[i] for i in positions],
-                         [conf[i - before] if conf else 0.0 for i in positions],
+        tokens = [view[i] for i in positions]
+        lps = ()
+        if stopped and res is not None and seq.params.logprobs is not None:
+            lps = _canvas_logprobs(res.raw, tokens, seq.params.logprobs)
+        return RowResult(positions, tokens, [conf[i - before] if conf else 0.0 for i in positions], lps,
                          final=len(row.final), done=row.finished)
+
+
+def _canvas_logprobs(raw: torch.Tensor, tokens: list[int], top: int) -> tuple:
+    """RowResult.logprobs of a committed canvas: each token's log-probability under the model's own
+    logits at the step that committed it (no temperature), with the `top` most likely alternatives."""
+    chosen, values, ids = token_logprobs(raw[None, :len(tokens)], torch.tensor([tokens]), top)
+    lp = chosen[0].tolist()
+    if values is None:
+        return tuple((x, ()) for x in lp)
+    return tuple((x, tuple(zip(i, v))) for x, i, v in zip(lp, ids[0].tolist(), values[0].tolist()))

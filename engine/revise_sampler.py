@@ -88,6 +88,7 @@ class StepResult:
     logits: torch.Tensor  # (L, V) tempered logits: the next step's self-conditioning input
     accepted: torch.Tensor  # (L,) bool
     mean_entropy: float
+    raw: torch.Tensor  # (L, V) the model's own logits this step: log-probabilities are taken over them
 
 
 def denoise_row(logits: torch.Tensor, canvas: torch.Tensor, steps_left: int, p: ReviseParams,
@@ -100,7 +101,7 @@ def denoise_row(logits: torch.Tensor, canvas: torch.Tensor, steps_left: int, p: 
     kept = torch.where(accepted, drawn, canvas)
     fresh = noise.uniform_canvas()  # drawn even when every position was accepted
     return StepResult(canvas=torch.where(accepted, kept, fresh), argmax=scaled.argmax(-1), logits=scaled,
-                      accepted=accepted, mean_entropy=float(h.mean()))
+                      accepted=accepted, mean_entropy=float(h.mean()), raw=logits)
 
 
 class StopRule:

@@ -182,3 +182,18 @@ def test_each_family_refuses_the_others_knobs_by_name(live, tiny_llm):
     with live_server(tiny_llm) as s, CelerisClient(s.grpc_target) as c, pytest.raises(InvalidArgument) as e:
         c.generate("It is a truth", gen_length=8, steps=8, block_length=8, t_max=0.9)
     assert [v.field for v in e.value.field_violations] == ["t_max"]
+
+
+def test_logprobs_on_both_doors(live, gemma_llm):
+    """With logprobs, every generated token carries its log-probability and alternatives, on the
+    last gRPC message and in the OpenAI response; the text is the text decoded without them."""
+    ids = _library(gemma_llm)
+    with CelerisClient(live.grpc_target) as c:
+        last = list(c.stream(PROMPT, logprobs=2, **KNOBS))[-1]
+    assert [t.id for t in last.tokens] == ids
+    assert all(t.logprob is not None and t.logprob <= 0 and len(t.top_logprobs) == 2 for t in last.tokens)
+    body = {"prompt": PROMPT, "max_tokens": 16, "seed": 3, "max_denoising_steps": 5, "ignore_eos": True,
+            "logprobs": 2}
+    choice = json.loads(post(live, "/v1/completions", body).read())["choices"][0]
+    assert choice["text"] == gemma_llm.detokenize(ids)
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx([t.logprob for t in last.tokens], abs=1e-5)

@@ -124,6 +124,33 @@ def test_a_stop_string_ends_the_request_at_the_canvas_that_holds_it(llm):
     assert (unchanged.token_ids, unchanged.finish_reason) == (ids, FinishReason.LENGTH)
 
 
+def test_logprobs_are_each_token_under_the_step_that_committed_its_canvas(llm):
+    """logprobs: each generated token's log-probability under the model's own logits (no
+    temperature) at its canvas's last step, with the top alternatives; asking changes no token."""
+    import torch
+
+    from celeris.engine.revise_sequence import ReviseSequence
+
+    params = replace(_params(llm, "steps", 3, 16), ignore_eos=True, max_denoising_steps=3)
+    plain = llm.run([llm.sequence(PROMPTS[1], params)])[0]
+    res = llm.run([llm.sequence(PROMPTS[1], replace(params, logprobs=3))])[0]
+    assert res.token_ids == plain.token_ids and len(res.logprobs) == 16
+    row = ReviseSequence(llm.model, list(PROMPTS[1]), revise_params(params), 3, 16, (), 0)
+    want = []
+    while not row.finished:  # the library loop, keeping each canvas's last raw logits
+        canvas, sc = row.denoise_input()
+        logits = llm.model.denoise(canvas, row.cache, sc)[0]
+        before = len(row.final)
+        row.advance(logits)
+        block = row.final[before:]
+        want += torch.log_softmax(logits.float(), -1)[torch.arange(len(block)), block].tolist()
+    assert row.final == res.token_ids
+    for (lp, top), w, tok in zip(res.logprobs, want, res.token_ids):
+        assert lp == pytest.approx(w, abs=1e-4)
+        assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        assert top[0][1] >= lp and (tok not in dict(top) or dict(top)[tok] == pytest.approx(lp))
+
+
 def test_mask_knobs_are_refused_and_revise_knobs_checked(llm):
     with pytest.raises(InvalidRequest) as e:
         llm.sequence(PROMPTS[0], replace(llm.defaults, temperature=0.5, top_k=3))
