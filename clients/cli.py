@@ -74,7 +74,7 @@ def add_connection_args(ap: argparse.ArgumentParser) -> None:
     tls.add_argument("--insecure", action="store_true", help="plaintext, even to a remote host")
     g.add_argument("--root-certs", type=Path, help="PEM file of root certificates for TLS (implies --tls)")
     g.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds, retries included")
-    g.add_argument("--retries", type=int, default=4, help="retries on UNAVAILABLE / RESOURCE_EXHAUSTED (default 4)")
+    g.add_argument("--retries", type=int, default=4, help="retries on UNAVAILABLE / RESOURCE_EXHAUSTED / CANCELLED (default 4)")
 
 
 def add_knob_args(ap: argparse.ArgumentParser, title: str = "sampling (unset: the server's defaults)") -> None:

@@ -12,8 +12,9 @@ every_k_steps and stream_format ("delta", the default here, or "full") for `stre
 (seconds, the whole call including retries). With "delta" the server sends only what changed and
 `celeris_client.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
 
-Retries: UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff and jitter, or
-after the server's RetryInfo delay. A stream is retried only if it failed before its first
+Retries: UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (never this client's own: a call crossing a
+draining server's GOAWAY) are retried with exponential backoff and jitter, or after the server's
+RetryInfo delay. A stream is retried only if it failed before its first
 message: a half-delivered stream is never replayed. Importable without torch.
 """
 

@@ -95,12 +95,15 @@ def error_from_rpc(err: grpc.RpcError) -> CelerisError:
     return _BY_CODE.get(code, CelerisError)(code, message, tuple(violations), retry_after)
 
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# CANCELLED too: this client never cancels a call it is still reading (closing a stream ends it
+# silently), so a CANCELLED it reads came from the other side: gRPC refusing a call that crossed a
+# draining server's GOAWAY, before any handler ran (docs/limits.md, Shutdown).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries for UNAVAILABLE and RESOURCE_EXHAUSTED; attempts include the first call."""
+    """Retries for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED; attempts include the first call."""
 
     max_attempts: int = 5
     initial_backoff_s: float = 0.1

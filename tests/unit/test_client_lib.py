@@ -11,7 +11,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from celeris.v1 import generation_pb2 as pb
 from celeris_client import CelerisClient, InvalidArgument, Overloaded, RetryPolicy, Unavailable
-from celeris_client.errors import error_from_rpc
+from celeris_client.errors import CelerisError, error_from_rpc
 from celeris_client.types import build_request
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002)
@@ -107,6 +107,18 @@ def test_stream_retries_before_first_message():
     out = list(c.stream("hi"))
     assert [s.step for s in out] == [1, 2] and out[-1].done
     assert len(stub.made) == 2
+
+
+def test_a_call_the_peer_cancelled_is_retried_before_its_first_message_only():
+    """CANCELLED read by the client came from the other side (a call crossing a draining server's
+    GOAWAY): retried like UNAVAILABLE, and likewise never once a message was delivered."""
+    cancelled = FakeRpcError(grpc.StatusCode.CANCELLED, "CANCELLED")
+    c, stub = client_with([FakeCall([], cancelled), FakeCall([snap(1), snap(2, done=True)])])
+    assert [s.step for s in c.stream("hi")] == [1, 2] and len(stub.made) == 2
+    c, stub = client_with([FakeCall([snap(1)], cancelled), FakeCall([snap(1), snap(2, done=True)])])
+    with pytest.raises(CelerisError) as e:
+        list(c.stream("hi"))
+    assert e.value.code == grpc.StatusCode.CANCELLED and len(stub.made) == 1
 
 
 def test_stream_never_replays_a_half_delivered_stream():

@@ -51,7 +51,9 @@ class GenerationServiceStub:
     - INVALID_ARGUMENT + google.rpc.BadRequest (one FieldViolation per bad
     field) for malformed or out-of-range fields;
     - RESOURCE_EXHAUSTED + google.rpc.RetryInfo when the queue is full;
-    - UNAVAILABLE while the model is loading or the server is draining;
+    - UNAVAILABLE while the model is loading or the server is draining (a
+    call that crosses a draining server's GOAWAY on the wire may instead
+    end CANCELLED by gRPC itself, before any handler ran: safe to retry);
     - UNAUTHENTICATED when authentication is enabled and fails;
     - CANCELLED / DEADLINE_EXCEEDED as usual for the client's call;
     - INTERNAL only for server bugs.
@@ -108,7 +110,9 @@ class GenerationServiceServicer:
     - INVALID_ARGUMENT + google.rpc.BadRequest (one FieldViolation per bad
     field) for malformed or out-of-range fields;
     - RESOURCE_EXHAUSTED + google.rpc.RetryInfo when the queue is full;
-    - UNAVAILABLE while the model is loading or the server is draining;
+    - UNAVAILABLE while the model is loading or the server is draining (a
+    call that crosses a draining server's GOAWAY on the wire may instead
+    end CANCELLED by gRPC itself, before any handler ran: safe to retry);
     - UNAUTHENTICATED when authentication is enabled and fails;
     - CANCELLED / DEADLINE_EXCEEDED as usual for the client's call;
     - INTERNAL only for server bugs.
@@ -194,7 +198,9 @@ class GenerationService:
     - INVALID_ARGUMENT + google.rpc.BadRequest (one FieldViolation per bad
     field) for malformed or out-of-range fields;
     - RESOURCE_EXHAUSTED + google.rpc.RetryInfo when the queue is full;
-    - UNAVAILABLE while the model is loading or the server is draining;
+    - UNAVAILABLE while the model is loading or the server is draining (a
+    call that crosses a draining server's GOAWAY on the wire may instead
+    end CANCELLED by gRPC itself, before any handler ran: safe to retry);
     - UNAUTHENTICATED when authentication is enabled and fails;
     - CANCELLED / DEADLINE_EXCEEDED as usual for the client's call;
     - INTERNAL only for server bugs.
