@@ -97,8 +97,10 @@ def error_from_rpc(err: grpc.RpcError) -> CelerisError:
 
 # CANCELLED too: this client never cancels a call it is still reading (closing a stream ends it
 # silently), so a CANCELLED it reads came from the other side: gRPC refusing a call that crossed a
-# draining server's GOAWAY, before any handler ran (docs/limits.md, Shutdown).
+# draining server's GOAWAY, before any handler ran (docs/limits.md, Shutdown). Except grpc's own
+# local cancels, by these details: the application's, or its channel closed under the call.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
+LOCAL_CANCEL_DETAILS = frozenset({"Locally cancelled by application!", "Channel closed!"})
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class RetryPolicy:
     def delay(self, err: CelerisError, attempt: int, rng: random.Random = random._inst) -> Optional[float]:
         """Seconds to wait before attempt `attempt + 1` (attempt counts from 1), or None to give up."""
         if err.code not in RETRYABLE or attempt >= self.max_attempts:
+            return None
+        if err.code == grpc.StatusCode.CANCELLED and err.message in LOCAL_CANCEL_DETAILS:
             return None
         if err.retry_after is not None:
             if err.retry_after > self.max_retry_after_s:

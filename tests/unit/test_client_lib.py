@@ -119,6 +119,12 @@ def test_a_call_the_peer_cancelled_is_retried_before_its_first_message_only():
     with pytest.raises(CelerisError) as e:
         list(c.stream("hi"))
     assert e.value.code == grpc.StatusCode.CANCELLED and len(stub.made) == 1
+    for local in ("Locally cancelled by application!", "Channel closed!"):  # grpc's own: never retried
+        c, stub = client_with([FakeCall([], FakeRpcError(grpc.StatusCode.CANCELLED, local)),
+                               FakeCall([snap(1), snap(2, done=True)])])
+        with pytest.raises(CelerisError):
+            list(c.stream("hi"))
+        assert len(stub.made) == 1
 
 
 def test_stream_never_replays_a_half_delivered_stream():
