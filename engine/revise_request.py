@@ -8,7 +8,7 @@ denoised shows its current argmax and may change at the next step; positions of 
 started yet hold the mask id (no vocabulary token), so they render as the mask marker. Each
 step's event lists, as `committed`, the positions written that step (changed, or made final).
 Stop strings are looked for in final text only, each time a canvas is committed: one found ends
-the request there (the runner's row is dropped when its slot is next loaded).
+the request there (the step loop then releases its slot, and the runner drops its cache).
 """
 
 from __future__ import annotations

@@ -57,10 +57,14 @@ class ReviseRunner:
 
     def load(self, seq: RevisingSequence) -> None:
         """Encode the prompt into a fresh cache and draw the first canvas (the request's first
-        random draw). A slot's previous request (finished or cancelled) is dropped here."""
+        random draw)."""
         p = seq.params
         self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
                                              p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id)
+
+    def release(self, slot: int) -> None:
+        """The slot's request left (finished, a stop string, cancelled): drop its cache now."""
+        self.rows.pop(slot, None)
 
     def step(self, seqs: Seq[RevisingSequence]) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
@@ -68,9 +72,6 @@ class ReviseRunner:
         settled = [len(r.final) for r in rows]
         steps = step_rows(self.model, rows)
         results = [self._result(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
-        for s, r in zip(seqs, rows):
-            if r.finished:
-                del self.rows[s.slot]
         keys = max(self.row_tokens(s) for s in seqs)
         committed = sum(len(x.positions) for x in results)
         return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,

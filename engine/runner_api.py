@@ -75,6 +75,10 @@ class StepRunner(Protocol):
         step's device work is queued and before the host waits for its results (host work
         that overlaps the device's; `StepLoop.step_later`)."""
 
+    # Optional: `release(slot)`, called on the step thread when a request leaves its slot
+    # (finished, cancelled, failed), by a runner that holds per-request state outside
+    # preallocated slot rows (revise_runner: each request's own cache).
+
 
 def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,
                 during: Optional[Callable[[], None]]) -> tuple[list[RowResult], int]:

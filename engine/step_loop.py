@@ -87,6 +87,9 @@ class StepLoop:
         self.running.remove(seq)
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
+        release = getattr(self.runner, "release", None)  # runner_api.StepRunner: optional
+        if release is not None:
+            release(seq.slot)
 
     def _remaining(self, seq: Sequence) -> float:
         """Work left: steps left (the planned worst case for adaptive rules) x tokens per step."""

@@ -122,6 +122,19 @@ def test_a_stop_string_ends_the_request_at_the_canvas_that_holds_it(llm):
         assert res.steps == 3 * (held_by // canvas + 1), (stop, held_by)  # canvases run: up to the one holding it
     unchanged = llm.run([llm.sequence(PROMPTS[0], replace(params, stop=("never said",)))])[0]
     assert (unchanged.token_ids, unchanged.finish_reason) == (ids, FinishReason.LENGTH)
+    assert llm.runner.rows == {}  # a request ended by a stop string left no cache behind
+
+
+def test_a_cancelled_request_leaves_no_cache_behind(llm):
+    from celeris.engine.step_loop import StepLoop
+
+    loop = StepLoop(llm.runner, max_queue=4)
+    seq = llm.sequence(PROMPTS[0], replace(_params(llm, "steps", 0, 24), ignore_eos=True))
+    loop.add(seq)
+    loop.step()
+    assert set(llm.runner.rows) == {seq.slot}
+    loop.cancel(seq)
+    assert llm.runner.rows == {}
 
 
 def test_logprobs_are_each_token_under_the_step_that_committed_its_canvas(llm):
