@@ -197,3 +197,18 @@ def test_logprobs_on_both_doors(live, gemma_llm):
     choice = json.loads(post(live, "/v1/completions", body).read())["choices"][0]
     assert choice["text"] == gemma_llm.detokenize(ids)
     assert choice["logprobs"]["token_logprobs"] == pytest.approx([t.logprob for t in last.tokens], abs=1e-5)
+
+
+def test_n_samples_are_the_solo_decodes_of_consecutive_seeds(live, gemma_llm):
+    """n = 3 in one call: sample j decodes what a request alone with seed + j decodes, each with its
+    own random stream though all three share every forward."""
+    from celeris.engine.revise_runner import revise_params
+    from celeris.engine.revise_sequence import generate
+
+    with CelerisClient(live.grpc_target) as c:
+        results = c.sample(PROMPT, 3, **KNOBS)
+    params = gemma_llm.defaults.__class__(**(gemma_llm.defaults.__dict__ | KNOBS))
+    for j, r in enumerate(results):
+        want = generate(gemma_llm.model, [2, 5, 6, 7], revise_params(params), KNOBS["seed"] + j, 16, (), 0)
+        assert (r.seed, [t.id for t in r.tokens]) == (KNOBS["seed"] + j, want), j
+    assert len({tuple(t.id for t in r.tokens) for r in results}) == 3
