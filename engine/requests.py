@@ -144,9 +144,6 @@ class Requests:
         except InvalidRequest as e:
             v += e.violations
         constraint = None
-        if req.structured is not None and self.family.revising:
-            v.append(FieldViolation(req.structured.field, "structured outputs are not supported for revising models "
-                                                          "(DiffusionGemma)"))
         if req.structured is not None and not v:
             try:
                 constraint = self.constraint(req.structured, params)
@@ -273,7 +270,7 @@ class Requests:
             L = self.family.block_length
             G = -(-params.gen_length // L) * L
             params = replace(params, gen_length=G, block_length=L, steps=G // L, kv_cache="exact")
-            return RevisingSequence(rid, prompt_ids, params, **stops)
+            return RevisingSequence(rid, prompt_ids, params, constraint=constraint, **stops)
         if self.family.block:
             return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk,
                                  constraint=constraint, edits=self.family.edits, **stops)

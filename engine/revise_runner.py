@@ -60,7 +60,8 @@ class ReviseRunner:
         random draw)."""
         p = seq.params
         self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
-                                             p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id)
+                                             p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
+                                             constraint=seq.constraint)
 
     def release(self, slot: int) -> None:
         """The slot's request left (finished, a stop string, cancelled): drop its cache now."""

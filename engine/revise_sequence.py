@@ -17,6 +17,7 @@ import torch
 
 from celeris.engine.gemma import DiffusionGemma, KVCache
 from celeris.engine.revise_sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
+from celeris.engine.structured.constraint import Constraint
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ReviseSequence:
     steps: int = 0  # denoising forwards so far, all canvases
     finished: bool = False
     stop_reason: str = ""  # per canvas: "rule" or "steps"
+    constraint: Optional[Constraint] = None  # a structured output (engine/structured)
 
     def __post_init__(self) -> None:
         cfg = self.model.cfg
@@ -43,7 +45,8 @@ class ReviseSequence:
         self._new_canvas()
 
     def _new_canvas(self) -> None:
-        self.canvas = self.noise.uniform_canvas()
+        self.fixed = self._fixed_here()
+        self.canvas = self._pinned(self.noise.uniform_canvas())
         self.draft = self.canvas.tolist()
         self.sc_logits: Optional[torch.Tensor] = None
         self.stop = StopRule(self.params)
@@ -58,13 +61,48 @@ class ReviseSequence:
         """Apply one forward's logits (L, V): sample, accept, re-noise; commit the canvas when it stops."""
         r = denoise_row(logits, self.canvas, self.steps_left, self.params, self.noise)
         self.steps += 1
-        self.canvas, self.sc_logits, self.draft = r.canvas, r.logits, r.argmax.tolist()
+        self.canvas, self.sc_logits, self.draft = self._pinned(r.canvas), r.logits, self._pinned(r.argmax).tolist()
         stopped = self.stop(r.argmax, r.logits)
         self.steps_left -= 1
         if stopped or self.steps_left == 0:
             self.stop_reason = "rule" if stopped else "steps"
-            self._commit(r.argmax)
+            self._commit(r.argmax if self.constraint is None else self._constrained(r.logits))
         return r
+
+    # A structured output: the structure's fixed tokens (skeleton, the stop id after it) are pinned
+    # on every canvas that holds them, in the input and the shown draft, and a canvas commits left to
+    # right, each slot position taking the most likely token its slot's matcher allows there.
+    # Unconstrained requests draw and commit exactly as transformers does.
+
+    def _fixed_here(self) -> tuple[list[int], list[int]]:
+        """(canvas offsets, tokens) of the structure's fixed tokens on the canvas about to start."""
+        if self.constraint is None:
+            return [], []
+        lo = len(self.final)
+        pairs = self.constraint.fixed(lo, lo + self.model.cfg.canvas_length)
+        return [p - lo for p, _ in pairs], [t for _, t in pairs]
+
+    def _pinned(self, canvas: torch.Tensor) -> torch.Tensor:
+        offsets, tokens = self.fixed
+        if offsets:
+            canvas = canvas.clone()
+            canvas[offsets] = torch.tensor(tokens, dtype=canvas.dtype)
+        return canvas
+
+    def _constrained(self, logits: torch.Tensor) -> torch.Tensor:
+        """The canvas to commit under the structure.  logits: (L, V) tempered (same argmax as raw)"""
+        c, lo = self.constraint, len(self.final)
+        fixed = dict(zip(*self.fixed))
+        out = []
+        for j in range(logits.shape[0]):
+            if j in fixed:
+                out.append(fixed[j])
+                continue
+            allowed = c.allowed(lo + j)  # a slot position: its slot's front, slots filling left to right
+            tok = int(logits[j].masked_fill(~allowed, float("-inf")).argmax())
+            c.commit(lo + j, tok)
+            out.append(tok)
+        return torch.tensor(out)
 
     def _commit(self, argmax: torch.Tensor) -> None:
         block = argmax.tolist()

@@ -194,7 +194,15 @@ class Constraint:
         self._matchers = [llguidance.LLMatcher(compiler.ll, s.grammar, limits=LIMITS) for s in layout.slots]
         self._ended = [False] * len(layout.slots)
         self._eos = compiler.tok.eos_id
+        self._mask = compiler.tok.mask_id
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
+
+    def fixed(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """(position, token) of the structure's fixed tokens in [lo, hi): the skeleton, and the stop
+        id after the structure (also past the layout, for canvases rounded up beyond it)."""
+        canvas = self.layout.canvas
+        return [(p, canvas[p] if p < len(canvas) else self.layout.tail) for p in range(lo, hi)
+                if p >= len(canvas) or canvas[p] != self._mask]
 
     def fronts(self, lo: int, hi: int) -> list[int]:
         """Canvas positions in [lo, hi) that may commit this step (each live slot's front)."""

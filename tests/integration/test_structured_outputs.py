@@ -80,3 +80,29 @@ def test_grpc_client_structured_output_and_refusal(live):
             c.generate("x", gen_length=32, structured_output={"json_schema": bad})
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert e.value.field_violations[0].field == "structured_output.json_schema.properties.n.multipleOf"
+
+
+def test_a_revising_model_serves_structured_outputs_on_both_doors(tmp_path):
+    """DiffusionGemma (tiny random checkpoint, byte-level BPE): the openai SDK's json_schema, plain
+    streaming (final text only) and gRPC's structured_output all give valid outputs."""
+    pytest.importorskip("transformers")
+    from celeris.engine.config import EngineConfig
+    from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint
+
+    llm = LLM.load(write_bpe_checkpoint(tmp_path / "dg"), EngineConfig(max_batch=4, max_queue=8, max_prompt_tokens=64,
+                                                                      max_gen_length=128))
+    with live_server(llm) as s:
+        c = sdk(s)
+        model = c.models.list().data[0].id
+        rf = {"type": "json_schema", "json_schema": {"name": "thing", "strict": True, "schema": SCHEMA}}
+        r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "A thing?"}],
+                                      max_tokens=96, seed=0, response_format=rf, extra_body={"max_denoising_steps": 3})
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        chunks = [ch.choices[0].text for ch in c.completions.create(
+            model=model, prompt="Obj:", max_tokens=96, seed=1, stream=True,
+            extra_body={"response_format": rf, "max_denoising_steps": 3})]
+        jsonschema.validate(json.loads("".join(chunks)), SCHEMA)
+        with CelerisClient(s.grpc_target) as g:
+            out = g.generate("Pick:", gen_length=16, seed=2, max_denoising_steps=3,
+                             structured_output={"choice": ["red", "blue"]})
+    assert out.text in ("red", "blue") and out.finish_reason == "stop"

@@ -64,3 +64,21 @@ def write_tokenizer(folder: Path, vocab_size: int = 96) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "add_bos_token": True}))
     return folder
+
+
+def write_bpe_checkpoint(folder: Path, canvas_length: int = 16, seed: int = 1) -> Path:
+    """A tiny checkpoint with celeris-tiny's byte-level BPE tokenizer (2,048 ids; pad 0, bos 1,
+    eos 2), for what needs real text: JSON punctuation for structured outputs."""
+    import json
+    import shutil
+
+    from celeris.engine.llm import EMBEDDED_MODELS
+
+    write_checkpoint(folder, canvas_length=canvas_length, seed=seed, vocab_size=2048, pad_token_id=0,
+                     eos_token_id=2, bos_token_id=1)
+    tiny = EMBEDDED_MODELS["celeris-tiny"]
+    shutil.copy(tiny / "tokenizer.json", folder)
+    config = json.loads((tiny / "tokenizer_config.json").read_text())
+    config.pop("mask_token")  # DiffusionGemma's mask is past the vocabulary
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
