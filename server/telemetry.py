@@ -49,17 +49,29 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class SafeSink:
     """A log stream that never raises: once writing fails (a closed pipe, a full disk), log lines
     are dropped, and a closed stdout is pointed at /dev/null so the interpreter's own last flush
-    is quiet too. Serving and signal handling must not depend on anyone reading the logs."""
+    is quiet too. Serving and signal handling must not depend on anyone reading the logs.
+
+    Whole lines only: each thread's text is held until its newline and each line goes out in one
+    write, under one lock. `print` writes a record and its newline separately, and with an unbuffered stdout
+    (PYTHONUNBUFFERED, as the images set) each is its own system call: two threads, or the
+    server and a tensor-parallel worker sharing the stream, could otherwise merge two JSON
+    records into one line."""
 
     def __init__(self, stream) -> None:
         self.stream, self.broken = stream, False
+        self._lock = threading.Lock()
+        self._local = threading.local()  # per thread: its text after its last newline
 
     def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                self.stream.write(text)
-            except (OSError, ValueError):  # BrokenPipeError, EIO, ENOSPC; ValueError: closed file
-                self._break()
+        whole = getattr(self._local, "partial", "") + text
+        cut = whole.rfind("\n") + 1
+        self._local.partial = whole[cut:]
+        with self._lock:
+            if cut and not self.broken:
+                try:
+                    self.stream.write(whole[:cut])
+                except (OSError, ValueError):  # BrokenPipeError, EIO, ENOSPC; ValueError: closed file
+                    self._break()
         return len(text)
 
     def flush(self) -> None:

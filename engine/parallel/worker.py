@@ -77,7 +77,9 @@ def main(rank: int, size: int, port: int, folder: str, plan: Plan, dtype: str, d
         with torch.inference_mode():
             follow(conn, model, device)
     except Exception as e:  # one line for the leader's log; the leader reports the rank
-        print(f"celeris tensor-parallel worker rank {rank}: {e.__class__.__name__}: {e}", file=sys.stderr)
+        # one write, newline included: the leader's log lines share this stream
+        sys.stderr.write(f"celeris tensor-parallel worker rank {rank}: {e.__class__.__name__}: {e}\n")
+        sys.stderr.flush()
         os._exit(1)
     # Leave without tearing the group down: the leader has gone on, and gloo's threads would
     # abort a normal interpreter exit.
