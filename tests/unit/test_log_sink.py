@@ -2,7 +2,7 @@
 
 `print` writes a record and its newline as two calls; on an unbuffered stdout (PYTHONUNBUFFERED,
 as the images set) each is a system call, so another thread's or process's line could land
-between them and merge two JSON records into one line (seen in CI as "Extra data" at column 109).
+between them and merge two JSON records into one line (seen in a local full run under load: "Extra data" at column 109).
 """
 
 import json
