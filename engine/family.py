@@ -23,7 +23,7 @@ FULL, BLOCK, REVISE = "full", "block", "revise"
 REVISE_KNOBS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
                 "confidence_threshold")
 _NOT_REVISING = ("temperature", "remasking", "threshold", "factor", "factor_rule", "schedule", "eps", "top_k",
-                 "top_p", "min_p", "min_tokens", "frequency_penalty", "presence_penalty", "cfg_scale",
+                 "top_p", "min_p", "frequency_penalty", "presence_penalty", "cfg_scale",
                  "editing_threshold", "max_post_steps")
 # Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
 # default is 50 unless generation_config.json sets it: confidences are then ranked over the 50

@@ -61,7 +61,7 @@ class ReviseRunner:
         p = seq.params
         self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
                                              p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
-                                             constraint=seq.constraint)
+                                             constraint=seq.constraint, min_tokens=p.min_tokens)
 
     def release(self, slot: int) -> None:
         """The slot's request left (finished, a stop string, cancelled): drop its cache now."""

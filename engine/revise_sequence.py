@@ -35,6 +35,7 @@ class ReviseSequence:
     finished: bool = False
     stop_reason: str = ""  # per canvas: "rule" or "steps"
     constraint: Optional[Constraint] = None  # a structured output (engine/structured)
+    min_tokens: int = 0  # no end-of-sequence id drawn or committed before this output position
 
     def __post_init__(self) -> None:
         cfg = self.model.cfg
@@ -59,7 +60,8 @@ class ReviseSequence:
 
     def advance(self, logits: torch.Tensor) -> StepResult:
         """Apply one forward's logits (L, V): sample, accept, re-noise; commit the canvas when it stops."""
-        r = denoise_row(logits, self.canvas, self.steps_left, self.params, self.noise)
+        r = denoise_row(self._banned(logits), self.canvas, self.steps_left, self.params, self.noise)
+        r.raw = logits  # log-probabilities are the model's own, whatever min_tokens banned
         self.steps += 1
         self.canvas, self.sc_logits, self.draft = self._pinned(r.canvas), r.logits, self._pinned(r.argmax).tolist()
         stopped = self.stop(r.argmax, r.logits)
@@ -68,6 +70,16 @@ class ReviseSequence:
             self.stop_reason = "rule" if stopped else "steps"
             self._commit(r.argmax if self.constraint is None else self._constrained(r.logits))
         return r
+
+    def _banned(self, logits: torch.Tensor) -> torch.Tensor:
+        """min_tokens: the end-of-sequence ids at -inf on this canvas's positions before it (the
+        draws, the argmax and the entropies all read it; a request without it is untouched)."""
+        early = self.min_tokens - len(self.final)
+        if early <= 0 or not self.eos_ids:
+            return logits
+        out = logits.clone()
+        out[:early, list(self.eos_ids)] = float("-inf")
+        return out
 
     # A structured output: the structure's fixed tokens (skeleton, the stop id after it) are pinned
     # on every canvas that holds them, in the input and the shown draft, and a canvas commits left to

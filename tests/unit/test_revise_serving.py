@@ -125,6 +125,26 @@ def test_a_stop_string_ends_the_request_at_the_canvas_that_holds_it(llm):
     assert llm.runner.rows == {}  # a request ended by a stop string left no cache behind
 
 
+def test_min_tokens_keeps_end_of_sequence_out_of_the_first_positions(llm):
+    """A request that ends early with EOS, asked again with min_tokens past that EOS: no stop id in
+    its first min_tokens positions, so it is at least that long; logprobs stay the model's own."""
+    early = None
+    for prompt in PROMPTS:
+        for seed in range(8):
+            params = replace(_params(llm, "steps", seed, 24), max_denoising_steps=3)
+            res = llm.run([llm.sequence(prompt, params)])[0]
+            if res.finish_reason == FinishReason.STOP and len(res.token_ids) < 16:
+                early = (prompt, params, len(res.token_ids))
+                break
+        if early:
+            break
+    assert early, "no request of the tiny checkpoint ended early with EOS"
+    prompt, params, n = early
+    res = llm.run([llm.sequence(prompt, replace(params, min_tokens=n + 4, logprobs=0))])[0]
+    assert len(res.token_ids) >= n + 4 and EOS not in res.token_ids[:n + 4]
+    assert all(lp > float("-inf") for lp, _ in res.logprobs)
+
+
 def test_a_cancelled_request_leaves_no_cache_behind(llm):
     from celeris.engine.step_loop import StepLoop
 
