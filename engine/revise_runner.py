@@ -23,7 +23,7 @@ from celeris.engine.revise_request import RevisingSequence
 from celeris.engine.revise_sampler import ReviseParams, StepResult
 from celeris.engine.revise_sequence import ReviseSequence, step_rows
 from celeris.engine.sampler import token_logprobs
-from celeris.engine.runner_api import RowResult, StepStats
+from celeris.engine.runner_api import RowResult, StepStats, row_logprobs
 
 DENOISE = "denoise"
 
@@ -99,8 +99,5 @@ class ReviseRunner:
 def _canvas_logprobs(raw: torch.Tensor, tokens: list[int], top: int) -> tuple:
     """RowResult.logprobs of a committed canvas: each token's log-probability under the model's own
     logits at the step that committed it (no temperature), with the `top` most likely alternatives."""
-    chosen, values, ids = token_logprobs(raw[None, :len(tokens)], torch.tensor([tokens]), top)
-    lp = chosen[0].tolist()
-    if values is None:
-        return tuple((x, ()) for x in lp)
-    return tuple((x, tuple(zip(i, v))) for x, i, v in zip(lp, ids[0].tolist(), values[0].tolist()))
+    n = len(tokens)
+    return row_logprobs(token_logprobs(raw[None, :n], torch.tensor([tokens]), top), 0, torch.arange(n))

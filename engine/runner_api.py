@@ -108,13 +108,13 @@ def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batc
     out = []
     for r in range(n):
         pos = commit[r].nonzero().flatten()
-        lp = _row_logprobs(lps, r, pos) if batch.logprobs[r] is not None else ()
+        lp = row_logprobs(lps, r, pos) if batch.logprobs[r] is not None else ()
         prov = _row_provisional(guess, conf, r) if batch.provisional[r] else ()
         out.append(RowResult(pos.tolist(), tokens[r, pos].tolist(), conf[r, pos].tolist(), lp, prov))
     return out
 
 
-def _row_logprobs(extra: Optional[tuple], r: int, pos: torch.Tensor) -> tuple:
+def row_logprobs(extra: Optional[tuple], r: int, pos: torch.Tensor) -> tuple:
     """RowResult.logprobs of row r's committed positions from host `token_logprobs` outputs."""
     chosen, values, ids = extra
     lp = chosen[r, pos].tolist()

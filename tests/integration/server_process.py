@@ -90,10 +90,14 @@ class ServerProcess:
             time.sleep(0.2)
         raise AssertionError(f"server not SERVING after {timeout} s:\n{self.log_tail()}")
 
+    def logged(self, event: str) -> bool:
+        """Whether the server has logged a record with this `event` (a shutdown phase, say)."""
+        return any(r.get("event") == event for r in self.records())
+
     def wait_for_event(self, event: str, timeout: float = 60) -> None:
-        """Block until the server has logged a record with this `event` (a shutdown phase, say)."""
+        """Block until the server has `logged` this event."""
         deadline = time.monotonic() + timeout
-        while not any(r.get("event") == event for r in self.records()):
+        while not self.logged(event):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {event!r} logged in {timeout} s:\n{self.log_tail()}")
             time.sleep(0.05)

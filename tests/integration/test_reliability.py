@@ -265,8 +265,7 @@ async def test_sigterm_lets_in_flight_streams_finish_then_refuses_and_exits(spaw
         # balancers see the drain at once: health is NOT_SERVING from server.draining on (phases
         # from its log, not the clock); no answer only once the door is already closing
         status = proc.health()
-        assert status == NOT_SERVING or (status is None and any(
-            r.get("event") == "server.refusing" for r in proc.records())), status
+        assert status == NOT_SERVING or (status is None and proc.logged("server.refusing")), status
         await asyncio.to_thread(proc.wait_for_event, "server.refusing")
         stub = pb_grpc.GenerationServiceStub(channel)
         await assert_refused(lambda: read_all(stub.Generate(request(16, 8), timeout=10)))
