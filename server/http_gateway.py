@@ -41,8 +41,11 @@ ENDING_S = 2.0  # after the shutdown grace: time for handlers to write their end
 
 
 def web_page_path() -> Path:
-    """clients/web/index.html, located without importing the clients package."""
-    spec = importlib.util.find_spec("clients")
+    """The page the client distribution ships (`celeris_client/web/index.html`), located without
+    importing it (the server never imports client code). Editable or regular, the installed
+    `celeris_client` package is where it lives; a checkout without the client installed falls
+    back to `clients/` beside `server/`."""
+    spec = importlib.util.find_spec("celeris_client")
     roots = list(spec.submodule_search_locations or []) if spec else []
     return Path(roots[0] if roots else Path(__file__).parent.parent / "clients") / "web" / "index.html"
 
