@@ -134,6 +134,8 @@ class CelerisServer:
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME], self.grpc)
+        if s.port != 0:  # gRPC core would print its own error line for a taken port: ask the OS first
+            _free(s.host, s.port, "gRPC")
         self.port = _bound(lambda: self.grpc.add_insecure_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)
         await self.health.set(False)
         await self.grpc.start()
@@ -144,9 +146,10 @@ class CelerisServer:
         if s.http_port is not None:
             from celeris.server.http_gateway import HttpGateway
 
-            self.http = HttpGateway(self.llm, self.scheduler, s, health=self.health, lifecycle=self.lifecycle,
-                                    guard=self.guard)
-            await self.http.start(s.http_port)
+            http = HttpGateway(self.llm, self.scheduler, s, health=self.health, lifecycle=self.lifecycle,
+                               guard=self.guard)
+            await http.start(s.http_port)  # cleans up after itself if its port is taken
+            self.http = http  # only a started gateway is stopped (with a grace period and its log lines)
         if s.warmup:
             await self._warmup()
         await self.health.set(True)
@@ -179,24 +182,25 @@ class CelerisServer:
         s = self.settings
         drain = s.drain_seconds if drain_seconds is None else drain_seconds
         grace = s.grace_seconds if grace_seconds is None else grace_seconds
+        # quiet: a start that failed (a port in use) says so in one line; no shutdown phases follow it
+        say = (lambda *a, **k: None) if quiet else log.info
         await self.health.set(False)
-        if not quiet:
-            log.info("server.draining", drain_seconds=drain, grace_seconds=grace)
+        say("server.draining", drain_seconds=drain, grace_seconds=grace)
         if drain > 0:
             await asyncio.sleep(drain)
         if self.scheduler is not None:
             self.scheduler.accepting = False  # both doors refuse new work from here on
-        log.info("server.refusing", doors=[d for d, on in (("grpc", self.grpc), ("http", self.http)) if on])
-        doors = [_door("http", self.http.stop(grace))] if self.http is not None else []
+        say("server.refusing", doors=[d for d, on in (("grpc", self.grpc), ("http", self.http)) if on])
+        doors = [_door("http", self.http.stop(grace), say)] if self.http is not None else []
         if self.grpc is not None:
-            doors.append(_door("grpc", self.grpc.stop(grace)))  # new RPCs refused; in-flight ones get `grace` s
+            doors.append(_door("grpc", self.grpc.stop(grace), say))  # new RPCs refused; in-flight get `grace` s
         await asyncio.gather(*doors)  # one grace period for both, not one after the other
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self._metrics_server is not None:
             self._metrics_server[0].shutdown()
             self._metrics_server[0].server_close()
-        log.info("server.stopped")
+        say("server.stopped")
         self._stopped.set()
 
     @property
@@ -214,10 +218,25 @@ class CelerisServer:
         await self._stopped.wait()
 
 
-async def _door(name: str, stopping) -> None:
-    log.info("server.door_closing", door=name)
+async def _door(name: str, stopping, say) -> None:
+    say("server.door_closing", door=name)
     await stopping
-    log.info("server.door_closed", door=name)
+    say("server.door_closed", door=name)
+
+
+def _free(host: str, port: int, door: str) -> None:
+    """Raise PortInUse (one line, naming the reason) if `port` cannot be bound on `host`: a
+    socket bound and closed with the options gRPC uses (SO_REUSEADDR, dual-stack "[::]"). A port
+    taken between this check and gRPC's bind still fails, through `_bound`."""
+    from celeris.server.http_transport import listening_socket  # aiohttp's module: only when binding
+
+    try:
+        listening_socket(host, port).close()
+    except PortInUse:
+        raise PortInUse(f"{door} port {port} on {host} is already in use") from None
+    except OSError as e:
+        reason = "is already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror or e})"
+        raise PortInUse(f"{door} port {port} on {host} {reason}") from None
 
 
 def _bound(bind, door: str, host: str, port: int):
@@ -227,7 +246,8 @@ def _bound(bind, door: str, host: str, port: int):
     except (RuntimeError, OSError) as e:
         if isinstance(e, OSError) and e.errno != errno.EADDRINUSE:
             raise
-        raise PortInUse(f"{door} port {port} on {host} is already in use (or cannot be bound)") from None
+        maybe = "" if isinstance(e, OSError) else " (or cannot be bound)"  # gRPC's error does not say which
+        raise PortInUse(f"{door} port {port} on {host} is already in use{maybe}") from None
     if result == 0 and port != 0:  # older gRPC: 0 instead of an error
         raise PortInUse(f"{door} port {port} on {host} is already in use (or cannot be bound)")
     return result

@@ -4,10 +4,14 @@ drains, and health probes stay out of the info-level access log."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
 import time
 import urllib.request
 
+import pytest
 from grpc_health.v1 import health_pb2
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -65,3 +69,24 @@ def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     probes = [r for r in recs if r.get("event") in ("rpc", "http")
               and (r.get("path") == "/health" or str(r.get("method", "")).startswith("/grpc.health.v1.Health/"))]
     assert probes and {r["level"] for r in probes} == {"debug"}
+
+
+@pytest.mark.parametrize("door", ["gRPC", "HTTP", "metrics"])
+def test_a_port_in_use_prints_one_line_and_nothing_else(door, tiny_model_dir, tmp_path):
+    """The promised line, alone: no gRPC core log line, no shutdown records of the doors that had
+    started before the taken one (the HTTP and metrics ports are bound after gRPC's)."""
+    from tests.integration.server_process import ServerProcess
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        opts = {"gRPC": {"port": port}, "metrics": {"metrics_port": port}}.get(door, {})
+        extra = ("--http-port", str(port)) if door == "HTTP" else ()
+        proc = ServerProcess(tiny_model_dir, tmp_path / "unused.log", *extra, **opts)
+        env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        out = subprocess.run(proc.argv, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2
+    assert out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [f"celeris serve: error: {door} port {port} on 127.0.0.1 is already in use"], \
+        out.stderr
