@@ -67,6 +67,10 @@ class ServerSettings:
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
     warmup: bool = True
 
+    def __post_init__(self) -> None:
+        if self.api_token is not None and not self.api_token.strip():  # never a silent "auth off"
+            raise ValueError("api_token is empty: give a token, or None for no auth")
+
     def model_names(self, model_name: str) -> tuple[str, ...]:
         """The served name first, then its aliases."""
         return tuple(self.served_model_names) or (model_name,)

@@ -8,7 +8,9 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Optional
 
+from celeris.engine.errors import EngineError
 from celeris.server.cli_args import add_model_args, engine_config_from_args
 
 
@@ -123,12 +125,22 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--simulate-step-ms", type=float, default=None, help=argparse.SUPPRESS)
 
 
+def check_api_key(key: Optional[str]) -> None:
+    """An empty key (`CELERIS_API_TOKEN=` from a missing Secret value, `--api-key ""`) is an error,
+    never "no auth": the operator meant to require one. Whitespace alone counts as empty (no
+    client could send it: the bearer credential is read stripped)."""
+    if key is not None and not key.strip():
+        raise EngineError("the API key is empty (--api-key or $CELERIS_API_TOKEN set to ''); give a key, or "
+                          "leave both unset to serve without one")
+
+
 def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.engine.llm import LLM
     from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
     from celeris.server.app import ServerSettings
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
+    check_api_key(a.api_token)  # before the model loads: a bad setting fails at once
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
@@ -144,7 +156,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
         from celeris.engine.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
-    settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token or None, rate_limit=a.rate_limit,
+    settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
                               metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
                               metrics_on_http=a.metrics_on_http_port,

@@ -90,3 +90,20 @@ def test_a_port_in_use_prints_one_line_and_nothing_else(door, tiny_model_dir, tm
     assert out.stdout == "", out.stdout
     assert out.stderr.splitlines() == [f"celeris serve: error: {door} port {port} on 127.0.0.1 is already in use"], \
         out.stderr
+
+
+@pytest.mark.parametrize("how", ["env", "env-blank", "flag"])
+def test_an_empty_api_key_is_an_error_at_start_not_auth_off(how, tiny_model_dir, tmp_path):
+    """`CELERIS_API_TOKEN=` (a Secret with an empty value) or `--api-key ''` meant "require a key":
+    serving without one would be a silent hole. One line, exit 2, nothing served."""
+    from celeris.server.app import ServerSettings
+    from tests.integration.server_process import ServerProcess
+
+    proc = ServerProcess(tiny_model_dir, tmp_path / "unused.log", *(("--api-key", "") if how == "flag" else ()))
+    env = os.environ | {"OMP_NUM_THREADS": "1", "CELERIS_API_TOKEN": " " if how == "env-blank" else ""}
+    out = subprocess.run(proc.argv, capture_output=True, text=True, timeout=120, env=env)  # serving: no exit
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["celeris serve: error: the API key is empty (--api-key or $CELERIS_API_TOKEN "
+                                       "set to ''); give a key, or leave both unset to serve without one"], out.stderr
+    with pytest.raises(ValueError, match="api_token is empty"):
+        ServerSettings(api_token="")
