@@ -13,9 +13,11 @@ every_k_steps and stream_format ("delta", the default here, or "full") for `stre
 `celeris_client.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
 
 Retries: UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (never this client's own: a call crossing a
-draining server's GOAWAY) are retried with exponential backoff and jitter, or after the server's
-RetryInfo delay. A stream is retried only if it failed before its first
-message: a half-delivered stream is never replayed. Importable without torch.
+draining server's GOAWAY) are retried with exponential backoff and jitter, never sooner than the
+server's RetryInfo delay, and only while the client's retry budget allows (gRPC's retry
+throttling, `errors.RetryBudget`: one budget per client, so a burst of failing calls makes at most
+about 1.1x as many attempts, docs/limits.md). A stream is retried only if it failed before its
+first message: a half-delivered stream is never replayed. Importable without torch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import grpc
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from celeris_client.canvas import Canvas
-from celeris_client.errors import CelerisError, DeadlineExceeded, RetryPolicy, error_from_rpc
+from celeris_client.errors import CelerisError, DeadlineExceeded, RetryBudget, RetryPolicy, error_from_rpc, is_retryable
 from celeris_client.types import ModelInfo, Prompt, Result, Snapshot, Tokenization, build_request
 
 DEFAULT_TARGET = "localhost:50051"
@@ -68,10 +70,13 @@ class _Base:
     def __init__(self, target: str = DEFAULT_TARGET, *, token: Optional[str] = None,
                  insecure: Optional[bool] = None, root_certificates: Optional[bytes] = None,
                  timeout: Optional[float] = None, retry: RetryPolicy = RetryPolicy(),
-                 options: tuple[tuple[str, Any], ...] = ()):
+                 options: tuple[tuple[str, Any], ...] = (), budget: Optional[RetryBudget] = None):
         """`insecure`: True = plaintext, False = TLS (system roots unless `root_certificates`);
-        None = plaintext for loopback targets without root certificates, TLS otherwise."""
+        None = plaintext for loopback targets without root certificates, TLS otherwise.
+        `budget`: the retry budget, shared by every call of this client (one channel, one
+        target); pass one budget to several clients of the same server to share it too."""
         self.target, self.timeout, self.retry = target, timeout, retry
+        self.budget = budget if budget is not None else retry.budget()
         if insecure is None:
             insecure = root_certificates is None and is_loopback(target)
         self.insecure = insecure
@@ -98,9 +103,12 @@ class _Base:
         return left
 
     def _backoff(self, err: CelerisError, attempt: int, deadline: Optional[float]) -> float:
-        """The wait before the next attempt; re-raises `err` when no retry is due or it can't fit."""
+        """The wait before the next attempt; re-raises `err` when no retry is due, the budget
+        is spent, or the wait can't fit the deadline. Every retryable failure is charged to the
+        budget, the last attempt's too: the budget measures how the server is doing."""
+        allowed = self.budget.failed() if is_retryable(err) else False
         delay = self.retry.delay(err, attempt)
-        if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
+        if delay is None or not allowed or (deadline is not None and time.monotonic() + delay >= deadline):
             raise err
         return delay
 
@@ -126,7 +134,9 @@ class CelerisClient(_Base):
         deadline, attempt = self._deadline(timeout), 1
         while True:
             try:
-                return method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                reply = method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                self.budget.succeeded()
+                return reply
             except grpc.RpcError as e:
                 err = error_from_rpc(e)
             time.sleep(self._backoff(err, attempt, deadline))
@@ -149,7 +159,9 @@ class CelerisClient(_Base):
             started, canvas = False, Canvas()
             try:
                 for msg in call:
-                    started = True
+                    if not started:  # admitted: what the budget counts as a success
+                        started = True
+                        self.budget.succeeded()
                     yield canvas.snapshot(msg)
                 return
             except grpc.RpcError as e:
@@ -193,7 +205,9 @@ class AsyncCelerisClient(_Base):
         deadline, attempt = self._deadline(timeout), 1
         while True:
             try:
-                return await method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                reply = await method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                self.budget.succeeded()
+                return reply
             except grpc.RpcError as e:
                 err = error_from_rpc(e)
             await asyncio.sleep(self._backoff(err, attempt, deadline))
@@ -217,7 +231,9 @@ class AsyncCelerisClient(_Base):
             started, canvas = False, Canvas()
             try:
                 async for msg in call:
-                    started = True
+                    if not started:  # admitted: what the budget counts as a success
+                        started = True
+                        self.budget.succeeded()
                     yield canvas.snapshot(msg)
                 return
             except grpc.RpcError as e:

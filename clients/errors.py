@@ -3,13 +3,15 @@
 Every failed call raises a `CelerisError` (or a subclass chosen by status code) carrying the
 status code, the server's message, the google.rpc.BadRequest field violations and the
 google.rpc.RetryInfo delay when the server sent them. `RetryPolicy` decides whether and how long
-to wait before trying again: exponential backoff with full jitter, or the server's RetryInfo
-delay when there is one.
+to wait before trying again: exponential backoff with full jitter, never sooner than the
+server's RetryInfo delay when there is one. `RetryBudget` decides whether a retry may be sent at
+all: gRPC's retry throttling, so that a burst of failing calls cannot multiply into a stampede.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -103,26 +105,67 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXH
 LOCAL_CANCEL_DETAILS = frozenset({"Locally cancelled by application!", "Channel closed!"})
 
 
+def is_retryable(err: CelerisError) -> bool:
+    """A failure worth another attempt (and counted against the retry budget)."""
+    if err.code == grpc.StatusCode.CANCELLED and err.message in LOCAL_CANCEL_DETAILS:
+        return False
+    return err.code in RETRYABLE
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED; attempts include the first call."""
+    """Retries for UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED; attempts include the first call.
+    `max_tokens` and `token_ratio` size the client's `RetryBudget` (gRPC's retryThrottling)."""
 
     max_attempts: int = 5
     initial_backoff_s: float = 0.1
     max_backoff_s: float = 5.0
     multiplier: float = 2.0
     max_retry_after_s: float = 30.0  # a longer server RetryInfo delay is not waited for
+    max_tokens: float = 10.0
+    token_ratio: float = 0.1
 
-    def delay(self, err: CelerisError, attempt: int, rng: random.Random = random._inst) -> Optional[float]:
-        """Seconds to wait before attempt `attempt + 1` (attempt counts from 1), or None to give up."""
-        if err.code not in RETRYABLE or attempt >= self.max_attempts:
+    def delay(self, err: CelerisError, attempt: int, rng: Optional[random.Random] = None) -> Optional[float]:
+        """Seconds to wait before attempt `attempt + 1` (attempt counts from 1), or None to give up:
+        exponential backoff with full jitter, and never sooner than the server's RetryInfo."""
+        draw = rng.uniform if rng is not None else random.uniform
+        if not is_retryable(err) or attempt >= self.max_attempts:
             return None
-        if err.code == grpc.StatusCode.CANCELLED and err.message in LOCAL_CANCEL_DETAILS:
-            return None
-        if err.retry_after is not None:
-            if err.retry_after > self.max_retry_after_s:
-                return None
-            return err.retry_after * rng.uniform(1.0, 1.2)  # never earlier than asked; spread the herd
         cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
-        return rng.uniform(0, cap)  # "full jitter"
+        backoff = draw(0, cap)  # "full jitter"
+        if err.retry_after is None:
+            return backoff
+        if err.retry_after > self.max_retry_after_s:
+            return None
+        # The server's delay is a floor; our own jitter on top spreads clients the server told alike.
+        return max(backoff, err.retry_after * draw(1.0, 1.2))
 
+    def budget(self) -> RetryBudget:
+        return RetryBudget(self.max_tokens, self.token_ratio)
+
+
+class RetryBudget:
+    """gRPC's retry throttling (gRFC A6), shared by every call of one client (one channel, one
+    target): a token count starts at `max_tokens`; each failed attempt takes 1, each success
+    gives back `token_ratio`; a retry is sent only while more than half the tokens are left.
+
+    So a burst of N calls that all fail makes fewer than N + max_tokens / 2 + token_ratio * S
+    attempts, S of them succeeding: with the defaults (10, 0.1) under 1.1 N + 5, however many of
+    them run at once (docs/limits.md). Thread-safe: the sync client may be shared by threads."""
+
+    def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1):
+        if not 0 < max_tokens <= 1000 or not 0 < token_ratio <= 1:
+            raise ValueError("retry budget: max_tokens in (0, 1000], token_ratio in (0, 1]")
+        self.max_tokens, self.token_ratio = float(max_tokens), float(token_ratio)
+        self.tokens = self.max_tokens
+        self._lock = threading.Lock()
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+
+    def failed(self) -> bool:
+        """Record one failed attempt; whether a retry may follow it."""
+        with self._lock:
+            self.tokens = max(0.0, self.tokens - 1)
+            return self.tokens > self.max_tokens / 2

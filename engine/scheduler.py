@@ -37,8 +37,9 @@ import time
 from typing import Any, Callable, Optional
 
 from celeris.engine.admission import check_room
-from celeris.engine.errors import EngineError, StepFailed, Unavailable, clip
+from celeris.engine.errors import EngineError, Overloaded, StepFailed, Unavailable, clip
 from celeris.engine.request_stream import DONE, RequestStream, StreamAbandoned, fold
+from celeris.engine.retry_after import RetryEstimate
 from celeris.engine.sequence import Sequence, StepEvent
 from celeris.engine.step_loop import StepLoop, StepRecord
 from celeris.engine.threads import TensorThread, in_daemon_thread
@@ -84,6 +85,7 @@ class Scheduler:
         self.accepting = True
         self.on_dead: Optional[Callable[[], None]] = None  # called if the step worker dies
         self.steps = 0
+        self.retry_estimate = RetryEstimate()  # a refusal's retry_after_s, from the queue and step pace
 
     # ------------------------------------------------------------------ public
 
@@ -159,8 +161,12 @@ class Scheduler:
         `formatters[k]`, if given, turns each event of seqs[k] into `StepEvent.formatted` in the
         formatter thread (see the module docstring); set before the request can run a step.
         `owner` (a client key) holds at most `max_open_per_owner` places."""
-        check_room(self.core, [s.request_id for s in seqs], owner, self.accepting, self._ids, self._open,
-                   self.max_open, self._owned[owner], self.max_open_per_owner)
+        try:
+            check_room(self.core, [s.request_id for s in seqs], owner, self.accepting, self._ids, self._open,
+                       self.max_open, self._owned[owner], self.max_open_per_owner)
+        except Overloaded as e:  # when this call would have started, queued behind what is there now
+            e.retry_after_s = self.retry_estimate.seconds(self.core, len(seqs))
+            raise
         streams = []
         for seq, fmt in zip(seqs, formatters or [None] * len(seqs)):
             if fmt is not None:
@@ -308,6 +314,7 @@ class Scheduler:
 
     def _stepped(self, record: StepRecord) -> None:
         self.steps += 1
+        self.retry_estimate.observe(record)
         if self.on_step is not None:
             self.on_step(record)
 

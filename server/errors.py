@@ -4,6 +4,7 @@ google.rpc details, and -> OpenAI-shaped JSON with an HTTP status."""
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -16,6 +17,9 @@ from celeris.engine.errors import EngineError, InvalidRequest, ModelLoadError, O
 from celeris.engine.request_stream import StreamAbandoned
 
 MAX_MESSAGE = 1024  # characters of an error message or a violation's description sent back (or logged)
+# A refusal's delay is the engine's estimate times a random factor in [1, 1 + RETRY_JITTER): never
+# sooner than estimated, and callers refused together come back spread out rather than in a wave.
+RETRY_JITTER = 0.5
 
 
 class Unauthenticated(EngineError):
@@ -82,6 +86,11 @@ def code_name(exc: BaseException) -> str:
     return kind_of(exc).grpc.name
 
 
+def retry_delay_s(exc: Overloaded, rng: Optional[random.Random] = None) -> float:
+    """The delay this one refusal advertises (RetryInfo, Retry-After): jittered, drawn per refusal."""
+    return exc.retry_after_s * (rng or random).uniform(1.0, 1.0 + RETRY_JITTER)
+
+
 def _pack(msg) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
@@ -98,7 +107,7 @@ def to_status(exc: BaseException) -> grpc.Status:
             for v in exc.violations])))
     if isinstance(exc, Overloaded):
         delay = duration_pb2.Duration()
-        delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
+        delay.FromNanoseconds(int(retry_delay_s(exc) * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     message = bounded(str(exc)) if isinstance(exc, EngineError) else f"internal error: {type(exc).__name__}"
     return rpc_status.to_status(status_pb2.Status(code=getattr(code_pb2, code.name), message=message,
@@ -126,8 +135,10 @@ def to_openai(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
         param = bounded(param, 256) if param else param
         extra["field_violations"] = [{"field": bounded(f.field, 256), "description": bounded(f.description)}
                                      for f in exc.violations]
-    if isinstance(exc, Overloaded):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if isinstance(exc, Overloaded):  # whole seconds by RFC 9110; the OpenAI SDKs read retry-after-ms first
+        delay = retry_delay_s(exc)
+        headers["Retry-After"] = str(max(1, math.ceil(delay)))
+        headers["retry-after-ms"] = str(max(1, round(delay * 1000)))
     elif isinstance(exc, (Unavailable, ModelLoadError)):
         headers["Retry-After"] = "1"
     elif isinstance(exc, Unauthenticated):
