@@ -25,7 +25,7 @@ from celeris.engine.scheduler import Scheduler
 from celeris.engine.threads import TensorThread
 from celeris.server.errors import PortInUse
 from celeris.server.guard import Guard
-from celeris.server.health import Health
+from celeris.server.health import MAX_WATCHES, MAX_WATCHES_PER_CLIENT, Health
 from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
 from celeris.server.lifecycle import Lifecycle
 from celeris.server.servicer import GenerationServicer
@@ -48,6 +48,8 @@ class ServerSettings:
     max_streams_per_client: Optional[int] = None  # places one client may hold; None = half of max_streams
     # (at least max_batch), 0 = no share
     max_streams_per_connection: int = 100  # open gRPC calls per connection (refused with RESOURCE_EXHAUSTED)
+    max_health_watches: int = MAX_WATCHES  # open grpc.health Watch streams in all (server/health.py)
+    max_health_watches_per_client: int = MAX_WATCHES_PER_CLIENT  # ... from one client address
     unread_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cancelled; 0 = never
     header_timeout_s: float = 10.0  # HTTP: a connection's request line and headers must arrive within this
     body_timeout_s: float = 30.0  # HTTP: a request body must arrive within this
@@ -99,7 +101,7 @@ class CelerisServer:
         self.llm, self.settings = llm, settings
         self.thread = thread  # the thread that loaded the model: the step worker runs there too
         self.telemetry = telemetry or Telemetry()
-        self.health = Health()
+        self.health = Health(settings.max_health_watches, settings.max_health_watches_per_client)
         self.scheduler: Optional[Scheduler] = None
         self.grpc: Optional[grpc.aio.Server] = None
         self.port = 0

@@ -100,6 +100,11 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                          "else its address (default: half of --max-streams, at least --max-batch; 0 = no share)")
     ap.add_argument("--max-streams-per-connection", type=int, default=d.max_streams_per_connection,
                     help="open gRPC calls per connection; more get RESOURCE_EXHAUSTED (default %(default)s)")
+    ap.add_argument("--max-health-watches", type=int, default=d.max_health_watches, metavar="N",
+                    help="open gRPC health Watch streams in all; more get RESOURCE_EXHAUSTED (default %(default)s; "
+                         "Check is never limited)")
+    ap.add_argument("--max-health-watches-per-client", type=int, default=d.max_health_watches_per_client,
+                    metavar="N", help="open health Watch streams from one client address (default %(default)s)")
     ap.add_argument("--unread-timeout", type=float, default=d.unread_timeout_s, metavar="SECONDS",
                     help="cancel a stream whose client has read nothing for this long while output waits, and "
                          "free its place (default %(default)s; 0 = never)")
@@ -162,6 +167,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               metrics_on_http=a.metrics_on_http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
+                              max_health_watches=a.max_health_watches,
+                              max_health_watches_per_client=a.max_health_watches_per_client,
                               max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
                               header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                               allowed_origins=tuple(a.allowed_origins or ()),
