@@ -108,12 +108,17 @@ class Runner:
         return self._plan(s)[0]
 
     def load(self, seq: Sequence) -> None:
-        """Write a new request's prompt + masked canvas into its slot (right-aligned)."""
+        """Write a request's prompt + canvas into its slot (right-aligned): masks (and a structured
+        output's skeleton) when new, where it stood when it was preempted (engine/fair_share.py)."""
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
         row[self.max_len - seq.length:self.max_len - seq.params.gen_length] = torch.tensor(seq.prompt)
-        if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
-            row[self.max_len - seq.params.gen_length:] = torch.tensor(seq.canvas)
+        row[self.max_len - seq.params.gen_length:] = torch.tensor(seq.canvas)
         self.canvas[seq.slot].copy_(row.to(self.device))
+
+    def resumable(self, seq: Sequence) -> bool:
+        """Whether `load` into any slot continues `seq` exactly: its canvas is all the state a
+        full forward reads, and a KV cache is rewritten at each block's first step ("store")."""
+        return self._plan(seq)[0] in ("full", "cfg", "store")
 
     # ------------------------------------------------------------------ host side
 

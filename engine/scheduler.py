@@ -171,6 +171,7 @@ class Scheduler:
         for seq, fmt in zip(seqs, formatters or [None] * len(seqs)):
             if fmt is not None:
                 self._formatters[seq.ticket] = fmt
+            seq.owner = owner  # its share of the running slots is the owner's (engine/fair_share.py)
             self.core.add(seq, bounded=False)  # room for all was checked above
             stream = RequestStream(self, seq, owner)
             self._live[seq.ticket] = self._ids[seq.request_id] = stream

@@ -120,6 +120,9 @@ class Sequence:
     # each step only the slots' fronts may commit, under their token masks.
     constraint: Any = field(default=None, repr=False)
     skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
+    # The client (API key, else address) whose share of the running slots it counts against
+    # (engine/fair_share.py); one call's samples share it. "" = one anonymous owner.
+    owner: str = ""
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length

@@ -51,6 +51,11 @@ class SimulatedRunner:
     def load(self, seq: Sequence) -> None:
         """Nothing to copy: the canvas lives in the Sequence, which `apply` keeps current."""
 
+    @staticmethod
+    def resumable(seq: Sequence) -> bool:
+        """Any sample can leave its slot and come back (engine/fair_share.py): nothing is cached."""
+        return True
+
     def _row(self, seq: Sequence) -> RowResult:
         p = seq.params
         start = seq.block_start

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from celeris.engine import fair_share
 from celeris.engine.batching import Picker, partition
 from celeris.engine.errors import Overloaded
 from celeris.engine.runner_api import StepRunner, StepStats
@@ -43,6 +44,7 @@ class StepLoop:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.steps = 0  # steps run
         self.forwards = 0  # model calls they made (a step makes one per kind of forward, two with CFG)
+        self.preemptions = 0  # samples taken out of the batch for another owner's share
 
     @property
     def idle(self) -> bool:
@@ -77,8 +79,18 @@ class StepLoop:
         return failed
 
     def _admit(self) -> None:
-        while self.waiting and self.free_slots:
-            seq = self.waiting.popleft()
+        """Fill free slots, fairly across owners, preempting between steps (engine/fair_share.py)."""
+        if not self.waiting:
+            return
+        queued = list(self.waiting)  # a snapshot: the event loop may append meanwhile
+        victims, admits = fair_share.plan(self.running, queued, len(self.free_slots), self.runner.slots,
+                                          getattr(self.runner, "resumable", None))
+        for seq in victims:  # its canvas stays in the Sequence: loaded again, it resumes exactly
+            self._release(seq)
+            seq.slot = -1
+        self.preemptions += len(victims)
+        fair_share.requeue(self.waiting, len(queued), admits, victims)
+        for seq in admits:
             seq.slot = self.free_slots.pop(0)
             self.running.append(seq)  # first: if loading raises, the failure ends it (fail_running)
             self.runner.load(seq)
