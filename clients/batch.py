@@ -10,6 +10,12 @@ Output lines are written as items finish (any order): {"id", "status": "ok", "te
 "error": {"code", "message", "field_violations"}, "latency_s"}. Rerunning skips the ids that
 already have an "ok" line, so an interrupted batch resumes; failed items are tried again and the
 last line for an id wins.
+
+A server restart is ridden out: an item refused as UNAVAILABLE (connection refused, draining),
+RESOURCE_EXHAUSTED or a peer's CANCELLED is tried again with jittered exponential backoff (never
+sooner than the server's RetryInfo) for up to `retry_window_s` (default 60 s) before it is
+written as failed. Each worker holds one item at a time, so these retries never add calls beyond
+`concurrency` in flight; an item's line is written once, when it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,11 +31,17 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
 from celeris_client.client import AsyncCelerisClient
-from celeris_client.errors import CelerisError
+from celeris_client.errors import CelerisError, is_retryable
 from celeris_client.progress import Progress, fmt_seconds, percentile
 from celeris_client.types import KNOBS, Prompt, build_request
 
 INPUT_KEYS = ("prompt", "messages", "token_ids")
+RETRY_WINDOW_S = 60.0  # how long one item keeps trying through a restart or a full server
+FIRST_WAIT_S, MAX_WAIT_S = 0.5, 5.0  # its backoff: doubling from the first, capped
+# The channel reconnects at least this often while the server is away (gRPC's own backoff grows
+# to 120 s, so a 30 s restart could otherwise keep the batch waiting for a minute more).
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 2000))
 
 
 @dataclass(frozen=True)
@@ -144,11 +157,37 @@ def done_ids(out_path: Path) -> set[str]:
     return done
 
 
-async def run_item(client: AsyncCelerisClient, item: Item, timeout: Optional[float]) -> dict[str, Any]:
+def restart_wait(err: CelerisError, attempt: int, left_s: float) -> Optional[float]:
+    """Seconds before trying an item again (attempt counts from 0), or None: not a restart or a
+    full server, or the item's retry window is spent. Equal jitter, so workers spread out."""
+    if not is_retryable(err):
+        return None
+    cap = min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** attempt)
+    wait = max(random.uniform(cap / 2, cap), err.retry_after or 0.0)
+    return wait if wait < left_s else None
+
+
+async def generate_through_restarts(client: AsyncCelerisClient, item: Item, timeout: Optional[float],
+                                    retry_window_s: float) -> Any:
+    """`client.generate` of one item, tried again while `restart_wait` allows."""
+    give_up, attempt = time.monotonic() + retry_window_s, 0
+    while True:
+        try:
+            return await client.generate(item.prompt, timeout=timeout, **item.knobs)
+        except CelerisError as e:
+            wait = restart_wait(e, attempt, give_up - time.monotonic())
+            if wait is None:
+                raise
+        await asyncio.sleep(wait)
+        attempt += 1
+
+
+async def run_item(client: AsyncCelerisClient, item: Item, timeout: Optional[float],
+                   retry_window_s: float = RETRY_WINDOW_S) -> dict[str, Any]:
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"id": item.id}
     try:
-        res = await client.generate(item.prompt, timeout=timeout, **item.knobs)
+        res = await generate_through_restarts(client, item, timeout, retry_window_s)
     except CelerisError as e:
         rec |= {"status": "error", "error": {"code": e.code.name, "message": e.message, "field_violations": [
             {"field": v.field, "description": v.description} for v in e.field_violations]}}
@@ -166,7 +205,7 @@ async def run_item(client: AsyncCelerisClient, item: Item, timeout: Optional[flo
 
 async def run_batch(client: AsyncCelerisClient, in_path: Path, out_path: Path, *, concurrency: int = 4,
                     defaults: Optional[dict[str, Any]] = None, timeout: Optional[float] = None,
-                    err: Optional[TextIO] = None) -> Summary:
+                    err: Optional[TextIO] = None, retry_window_s: float = RETRY_WINDOW_S) -> Summary:
     err = err or sys.stderr
     items, bad = read_items(in_path, defaults or {}, err)
     finished = done_ids(out_path)
@@ -181,7 +220,7 @@ async def run_batch(client: AsyncCelerisClient, in_path: Path, out_path: Path, *
 
         async def worker() -> None:
             while not queue.empty():
-                rec = await run_item(client, queue.get_nowait(), timeout)
+                rec = await run_item(client, queue.get_nowait(), timeout, retry_window_s)
                 out.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 out.flush()
                 ok = rec["status"] == "ok"

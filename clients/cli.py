@@ -75,6 +75,11 @@ def add_connection_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--root-certs", type=Path, help="PEM file of root certificates for TLS (implies --tls)")
     g.add_argument("--timeout", type=float, default=None, help="deadline per request in seconds, retries included")
     g.add_argument("--retries", type=int, default=4, help="retries on UNAVAILABLE / RESOURCE_EXHAUSTED / CANCELLED (default 4)")
+    g.add_argument("--retry-budget", type=float, default=10.0, metavar="TOKENS",
+                   help="retry throttling: failures take a token, retries only while over half are left "
+                        "(default %(default)s)")
+    g.add_argument("--retry-ratio", type=float, default=0.1,
+                   help="retry throttling: tokens a success gives back (default %(default)s)")
 
 
 def add_knob_args(ap: argparse.ArgumentParser, title: str = "sampling (unset: the server's defaults)") -> None:
@@ -96,7 +101,8 @@ def client_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     insecure = True if a.insecure else False if (a.tls or a.root_certs) else None
     return {"token": a.token, "insecure": insecure, "timeout": a.timeout,
             "root_certificates": a.root_certs.read_bytes() if a.root_certs else None,
-            "retry": RetryPolicy(max_attempts=1 + max(0, a.retries))}
+            "retry": RetryPolicy(max_attempts=1 + max(0, a.retries), max_tokens=a.retry_budget,
+                                 token_ratio=a.retry_ratio)}
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -127,9 +133,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_batch(a: argparse.Namespace) -> int:
     async def go() -> batch.Summary:
-        async with AsyncCelerisClient(a.server, **client_kwargs(a)) as client:
+        async with AsyncCelerisClient(a.server, options=batch.RECONNECT_OPTIONS, **client_kwargs(a)) as client:
             return await batch.run_batch(client, a.input, a.output, concurrency=a.concurrency,
-                                         defaults=knobs_from_args(a), timeout=a.timeout)
+                                         defaults=knobs_from_args(a), timeout=a.timeout,
+                                         retry_window_s=a.retry_window)
 
     summary = asyncio.run(go())
     print(summary.describe(), file=sys.stderr)
@@ -173,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("input", type=Path, help="input JSONL: {\"id\", \"prompt\" | \"messages\" | \"token_ids\", knobs}")
     b.add_argument("output", type=Path, help="output JSONL (appended; ids already ok are skipped); - for stdout")
     b.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    b.add_argument("--retry-window", type=float, default=batch.RETRY_WINDOW_S, metavar="SECONDS",
+                   help="how long an item keeps trying while the server restarts or is full (default %(default)s)")
     add_connection_args(b)
     add_knob_args(b, "default knobs for lines that do not set them")
 

@@ -62,3 +62,39 @@ def test_a_burst_of_200_calls_arrives_as_at_most_one_and_a_half_times_as_many(sp
     seen = wait_settled(server, BURST)
     print(f"burst of {BURST}: {seen:.0f} calls arrived ({seen / BURST:.2f}x), {BURST - len(refused)} served")
     assert seen <= 1.5 * BURST, f"{seen:.0f} calls arrived for {BURST} issued"
+
+
+def test_celeris_batch_rides_out_a_server_restart_on_the_same_port(spawn, tmp_path):
+    """kill -9 mid-batch, a few seconds down, a new server on the same port: every item ends
+    "ok" exactly once (before: the items in flight and those started while it was down failed)."""
+    from celeris_client import cli
+
+    server = spawn()
+    items = 60
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"q{k}", "prompt": f"It is a truth {k}"}) + "\n" for k in range(items)))
+    argv = ["batch", str(inp), str(out), "--server", server.target, "--concurrency", "4", "--gen-length", "32",
+            "--steps", "32", "--block-length", "32", "--seed", "1"]
+    rc: list[int] = []
+    runner = threading.Thread(target=lambda: rc.append(cli.main(argv)), daemon=True)
+    runner.start()
+    while len(lines(out)) < 4:  # under way
+        assert runner.is_alive(), "the batch ended before the restart"
+        time.sleep(0.05)
+    server.close()  # kill -9
+    done_at_kill = len(lines(out))
+    time.sleep(3)
+    spawn(port=server.port)
+    runner.join(300)
+    assert not runner.is_alive() and rc == [0], (rc, [r for r in lines(out) if r["status"] != "ok"][:3])
+    records = lines(out)
+    assert done_at_kill < items  # the restart happened mid-batch
+    assert sorted(r["id"] for r in records) == sorted(f"q{k}" for k in range(items))  # each once
+    assert all(r["status"] == "ok" for r in records)
+
+
+def lines(path: Path) -> list[dict]:
+    """The batch's whole output lines so far."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]

@@ -62,7 +62,8 @@ def test_the_estimate_tracks_the_queue_and_the_step_pace(tiny_model_dir):
     assert pace.seconds(long.core) == pytest.approx(min(CEILING_S, 3 * 16 * 0.2))
     pace.observe(StepRecord((), (), None, 500.0, 500.0 + 60))  # a stalled step: capped
     assert pace.seconds(long.core) == CEILING_S
-    assert refuse(long, llm, SamplingParams(gen_length=16, steps=16, block_length=16, seed=0)).retry_after_s == CEILING_S
+    assert refuse(long, llm, SamplingParams(gen_length=16, steps=16, block_length=16,
+                                            seed=0)).retry_after_s == CEILING_S
 
 
 def test_each_refusal_advertises_its_own_jittered_delay_never_sooner_than_estimated():
