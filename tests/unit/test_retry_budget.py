@@ -98,3 +98,17 @@ def test_backoff_is_jittered_exponential_with_the_servers_delay_as_a_floor():
     assert max(p.delay(plain, 8, rng) for _ in range(200)) > 1.0  # backoff grows past the first caps
     assert not is_retryable(CelerisError(grpc.StatusCode.CANCELLED, "Channel closed!"))
     assert is_retryable(CelerisError(grpc.StatusCode.CANCELLED, "CANCELLED"))
+
+
+def test_batch_waits_out_a_restart_within_its_window_only():
+    from celeris_client.batch import FIRST_WAIT_S, MAX_WAIT_S, restart_wait
+
+    refused = Unavailable(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+    for attempt in range(8):
+        cap = min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** attempt)
+        assert cap / 2 <= restart_wait(refused, attempt, left_s=60) <= cap
+    assert restart_wait(refused, 8, left_s=1.0) is None  # the window is spent
+    told = Overloaded(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", retry_after=7.0)
+    assert restart_wait(told, 0, left_s=60) == 7.0  # the server's delay is a floor
+    bad = CelerisError(grpc.StatusCode.INVALID_ARGUMENT, "steps")
+    assert restart_wait(bad, 0, left_s=60) is None
