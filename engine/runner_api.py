@@ -78,6 +78,9 @@ class StepRunner(Protocol):
     # Optional: `release(slot)`, called on the step thread when a request leaves its slot
     # (finished, cancelled, failed), by a runner that holds per-request state outside
     # preallocated slot rows (revise_runner: each request's own cache).
+    # Optional: `resumable(seq) -> bool`, whether `load(seq)` into any slot, where its canvas
+    # stands, continues `seq` token for token; only such a runner preempts samples for another
+    # client's share of the slots (engine/fair_share.py). Without it, none is ever preempted.
 
 
 def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,
