@@ -35,7 +35,7 @@ from celeris.engine.family import Family, family_of
 from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
 from celeris.engine.moe import MoE
-from celeris.engine.runner_api import EMPTY, RowResult, StepStats, read_queued, row_results
+from celeris.engine.runner_api import EMPTY, RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
 from celeris.engine.sampler import published_order, select_tokens, with_edits
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.structured.constraint import window_masks
@@ -199,11 +199,14 @@ class BlockRunner:
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
-        front, allowed = window_masks([None if s.constraint is None or s.phase != DENOISE else (s.constraint, [
-            s.window[0] + j - len(s.prompt) if j < s.window[1] - s.window[0] else -1 for j in range(Wq)])
+        front, allowed, failed = window_masks([None if s.constraint is None or s.phase != DENOISE else (
+            s.constraint, [s.window[0] + j - len(s.prompt) if j < s.window[1] - s.window[0] else -1 for j in range(Wq)])
             for s in rows], Wq, dev)
-        if front is not None:  # structured rows: only their slots' fronts
+        if front is not None:  # structured rows: only their slots' fronts (none for a failed row)
             candidate = candidate & front
+        # A denoise row with non-finite logits commits nothing and ends alone (runner_api.row_results).
+        bad = nonfinite_rows(logits, real & denoise[:, None])
+        candidate = isolate(candidate, bad)
         window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt, allowed)
         sel = select_tokens(logits, batch, window, self.family.rule)
         if dev.type == "cpu":  # the published tie order: torch.topk over the block
@@ -215,4 +218,4 @@ class BlockRunner:
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
-        return functools.partial(row_results, sel, new, candidate, batch, logits)
+        return functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)

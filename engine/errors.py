@@ -59,5 +59,20 @@ class StepFailed(EngineError):
     """A batched step raised (a bug, or e.g. CUDA out of memory); its requests are ended."""
 
 
+class RowFailed(StepFailed):
+    """One request's own part of a step failed (non-finite logits in its row, its stop-string
+    check raised): that request alone ends with this error and the batch steps on. Its message
+    names only this request's own state, never another request's input."""
+
+
+def row_error(exc: BaseException) -> EngineError:
+    """The typed error a request ends with when its own row-level work raised: an EngineError
+    as it is (e.g. InvalidRequest naming its structured-output field), anything else as
+    RowFailed naming only the exception's type (its text may quote any request's state)."""
+    if isinstance(exc, EngineError):
+        return exc
+    return RowFailed(f"this request's step failed ({type(exc).__name__}); the other requests were not affected")
+
+
 class ModelLoadError(EngineError):
     """A checkpoint folder is missing, malformed, or does not match the model."""

@@ -61,6 +61,9 @@ class Requests:
         self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
         self._compiler: Optional[Compiler] = None  # built on the first structured request
+        # Structured requests are built (their grammars compiled) on a thread of their own: a
+        # burst of schemas queues behind itself, never in front of other requests' tokenizing.
+        self._compiling = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-compile")
 
     @property
     def family_vocab(self) -> int:
@@ -165,7 +168,7 @@ class Requests:
         if self._compiler is None:
             self._compiler = Compiler(self.tokenizer, self.family_vocab)
         try:
-            return Constraint(self._compiler.compile(spec, params.gen_length), self._compiler)
+            return Constraint(self._compiler.compile(spec, params.gen_length), self._compiler, spec.field)
         except StructureError as e:
             raise InvalidRequest([FieldViolation(e.path, e.reason)]) from None
 
@@ -194,8 +197,10 @@ class Requests:
         return ids
 
     async def build_async(self, req: Request) -> Sequence:
-        """`build` in a worker thread, so tokenizing never stalls the caller's event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._encoder, self.build, req)
+        """`build` in a worker thread, so tokenizing never stalls the caller's event loop (one
+        with a structured output on the compile thread)."""
+        pool = self._encoder if req.structured is None else self._compiling
+        return await asyncio.get_running_loop().run_in_executor(pool, self.build, req)
 
     def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
         """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""

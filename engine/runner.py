@@ -28,7 +28,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
 from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
-from celeris.engine.runner_api import RowResult, StepStats, read_queued, row_results
+from celeris.engine.runner_api import RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
 from celeris.engine.sampler import published_order, select_tokens
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.sequence import Sequence
@@ -255,11 +255,14 @@ class Runner:
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         pos = geo[BLOCK_START][:, None] + w[None, :]  # generated-region positions key the noise
-        front, allowed = window_masks([None if s.constraint is None else (s.constraint, [
+        front, allowed, failed = window_masks([None if s.constraint is None else (s.constraint, [
             s.block_start + j if j < s.params.block_length else -1 for j in range(W)]) for s in group]
             + [None] * (B - len(group)), W, self.device)
-        if front is not None:  # structured rows: only their slots' fronts
+        if front is not None:  # structured rows: only their slots' fronts (none for a failed row)
             candidate = candidate & front
+        # A row with non-finite logits commits nothing and ends alone (runner_api.row_results).
+        bad = nonfinite_rows(logits, v.in_block)
+        candidate = isolate(candidate, bad)
         window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN], allowed)
         rule = self.family.rule
         sel = select_tokens(logits, batch, window, rule)
@@ -271,7 +274,7 @@ class Runner:
         scratch = torch.cat([v.ids, v.ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)
         ids = scratch.scatter(1, v.start[:, None] + w[None, :], torch.where(v.in_block, new, tokens))[:, :L]
         self.canvas[geo[IDX], self.max_len - L:] = ids
-        return functools.partial(row_results, sel, new, candidate, batch, logits)  # logprobs: the model's own logits
+        return functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)  # logprobs: the model's own
 
     def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool,
                        last: Optional[torch.Tensor] = None) -> torch.Tensor:

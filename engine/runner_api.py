@@ -14,6 +14,7 @@ from typing import Callable, Optional, Protocol, Sequence as Seq
 
 import torch
 
+from celeris.engine.errors import RowFailed
 from celeris.engine.sampler import token_logprobs
 from celeris.engine.sampling_batch import SamplingBatch, Selection
 from celeris.engine.sequence import Sequence
@@ -34,9 +35,13 @@ class RowResult:
     # `final` how many output positions are now final, `done` whether the request ended.
     final: int = 0
     done: bool = False
+    # This row's own part of the step failed (its structure, non-finite logits): it committed
+    # nothing and its request ends with this error (step_loop.apply_row); the batch steps on.
+    error: Optional[Exception] = None
 
 
 EMPTY = RowResult([], [], [])
+NONFINITE = "the model's logits for this request were not finite (NaN or infinity); the other requests were not affected"
 
 
 @dataclass(frozen=True)
@@ -98,11 +103,40 @@ def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: 
     return results, committed
 
 
+def nonfinite_rows(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: rows whose logits (B, W, V) hold a NaN or +inf at a `real` (B, W) column (not
+    padding, whose queries may see no key), read before selection masks anything to -inf. One
+    reduction: a column's sum is NaN or +inf exactly then (-inf alone, which a model may write
+    for ids it never emits, sums to -inf)."""
+    total = logits.sum(dim=-1, dtype=torch.float32)  # (B, W)
+    return ((total.isnan() | (total == float("inf"))) & real).any(dim=1)
+
+
+def isolate(candidate: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """`candidate` (B, W) with the failed rows' `bad` (B,) columns off: such a row commits
+    nothing and writes nothing back; every other row's selection is its own, unchanged."""
+    return candidate & ~bad[:, None]
+
+
 def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
-                logits: torch.Tensor) -> list[RowResult]:
+                logits: torch.Tensor, bad: Optional[torch.Tensor] = None,
+                failed: Optional[dict[int, Exception]] = None) -> list[RowResult]:
     """The host records of a step's real rows: one device->host copy of the commits, tokens and
     confidences (the step's synchronisation), plus log-probabilities (of the raw logits) and the
-    provisional picks where rows ask for them."""
+    provisional picks where rows ask for them. A row in `failed` (host-known, e.g. its structure
+    raised) or flagged in `bad` (B,) (non-finite logits) gets its error instead."""
+    out = _rows(sel, new, candidate, batch, logits)
+    errors = dict(failed or {})
+    if bad is not None:
+        errors.update((r, RowFailed(NONFINITE)) for r in bad[:len(out)].cpu().nonzero().flatten().tolist()
+                      if r not in errors)
+    for r, e in errors.items():
+        out[r] = RowResult([], [], [], error=e)
+    return out
+
+
+def _rows(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
+          logits: torch.Tensor) -> list[RowResult]:
     n = batch.rows
     commit, tokens, conf = sel.commit[:n].cpu(), new[:n].cpu(), sel.conf[:n].float().cpu()
     top = batch.top_logprobs

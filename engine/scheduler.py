@@ -257,6 +257,9 @@ class Scheduler:
     def _deliver(self, stream: Optional[RequestStream], ev: Optional[StepEvent]) -> None:
         if stream is None or stream.ended:
             return
+        if ev is not None and ev.error is not None:  # its own row failed (step_loop.apply_row): it alone ends
+            self._fail(stream.seq, ev.error)
+            return
         if ev is not None:
             stream.queue.put_nowait(ev)
         if ev is None or ev.finished:
@@ -283,7 +286,7 @@ class Scheduler:
     def _format(self, ev: StepEvent) -> StepEvent:
         """`ev` with its door's formatter applied (in the formatter thread, but for shutdown)."""
         fmt = self._formatters.get(ev.ticket)
-        if fmt is None:
+        if fmt is None or ev.error is not None:  # a failed row's door raises its error, formats nothing
             return ev
         try:
             out = fmt(ev)
@@ -322,7 +325,10 @@ class Scheduler:
     def _failed(self, seqs: list[Sequence], exc: Exception) -> None:
         for seq in seqs:
             # Unavailable (a tensor-parallel worker lost): the engine cannot serve, not a bug.
-            self._fail(seq, exc if isinstance(exc, Unavailable) else StepFailed(f"denoising step failed: {exc!r}"))
+            # The exception's text may quote any request's input (a grammar, a prompt): the log has
+            # it, the clients get its type only.
+            self._fail(seq, exc if isinstance(exc, Unavailable) else StepFailed(
+                f"denoising step failed ({type(exc).__name__}); the server log has the details"))
 
     def _kick_soon(self) -> None:
         """Wake the worker at the end of this loop iteration, so requests submitted together

@@ -90,6 +90,9 @@ class StepEvent:
     # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
     # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
     formatted: Any = None
+    # Set on the last event of a request whose own row-level work failed (Sequence.fail): the
+    # error its door raises instead of this event (engine/errors.py: InvalidRequest, RowFailed).
+    error: Optional[Exception] = None
 
     def is_final(self, i: int, mask_id: int) -> bool:
         """Whether canvas position i will never change again (the stream contract above)."""
@@ -120,6 +123,7 @@ class Sequence:
     # each step only the slots' fronts may commit, under their token masks.
     constraint: Any = field(default=None, repr=False)
     skeleton_shown: bool = False  # the first event reports the skeleton's positions as committed
+    error: Optional[Exception] = None  # why this request alone failed (Sequence.fail), else None
     # The client (API key, else address) whose share of the running slots it counts against
     # (engine/fair_share.py); one call's samples share it. "" = one anonymous owner.
     owner: str = ""
@@ -297,3 +301,13 @@ class Sequence:
     def cancel(self) -> StepEvent:
         self.finish_reason = FinishReason.CANCELLED
         return self.event()
+
+    def fail(self, error: Exception) -> StepEvent:
+        """End this request alone: its own row-level work failed (its structure, its stop strings,
+        non-finite logits in its row). Its last event carries `error` for its door to raise, and
+        nothing of its state (reading that may be what failed)."""
+        self.error, self.finish_reason = error, FinishReason.CANCELLED
+        return StepEvent(request_id=self.request_id, step=max(self.nfe - 1, 0), total_steps=0, block=0, num_blocks=0,
+                         canvas=(), committed=(), confidences=(), generated=(), visible=0, settled=0, steps=self.nfe,
+                         forward_passes=0, seed=0, prompt_tokens=len(self.prompt), finished=True,
+                         finish_reason=FinishReason.CANCELLED, ticket=self.ticket, error=error)

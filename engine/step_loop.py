@@ -10,15 +10,38 @@ schedule (`next_batch`), execute (`runner.step`), update (`Sequence.apply`, reti
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from celeris.engine import fair_share
 from celeris.engine.batching import Picker, partition
-from celeris.engine.errors import Overloaded
-from celeris.engine.runner_api import StepRunner, StepStats
+from celeris.engine.errors import Overloaded, row_error
+from celeris.engine.runner_api import RowResult, StepRunner, StepStats
 from celeris.engine.sequence import Sequence, StepEvent
+
+
+def apply_row(seq: Sequence, r: RowResult) -> Callable[[], StepEvent]:
+    """Apply one row's result; the call that builds its event. A failure that belongs to this
+    row (the runner's `RowResult.error`: its structure, non-finite logits; or applying it: its
+    constraint's commit, its stop strings; or building its event) ends this request alone with
+    its own error, and the other rows of the step are untouched."""
+    try:
+        if r.error is not None:
+            raise r.error
+        build = seq.apply_row_later(r)
+    except Exception as exc:
+        failed = seq.fail(row_error(exc))  # finished now: released with this step's finished rows
+        return lambda: failed
+    return functools.partial(_built, seq, build)
+
+
+def _built(seq: Sequence, build: Callable[[], StepEvent]) -> StepEvent:
+    try:
+        return build()
+    except Exception as exc:  # finished now: released at the end of the next step
+        return seq.fail(row_error(exc))
 
 
 @dataclass(frozen=True)
@@ -152,10 +175,9 @@ class StepLoop:
         stepped = set(map(id, batch))
         for seq in self.running:
             seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
-        build = [seq.apply_row_later(r) for seq, r in zip(batch, results)]
-        for seq in batch:
-            if seq.finished:
-                self._release(seq)
+        build = [apply_row(seq, r) for seq, r in zip(batch, results)]
+        for seq in [s for s in self.running if s.finished]:  # a failed event build may end a row not in this batch
+            self._release(seq)
         return build, StepRecord(tuple(s.request_id for s in batch), tuple(s.ticket for s in batch), stats,
                                  started, time.time())
 

@@ -20,6 +20,7 @@ covers at least one byte, so a slot never runs out of room before its match is c
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -29,11 +30,14 @@ import llguidance
 import numpy as np
 import torch
 
+from celeris.engine.errors import FieldViolation, InvalidRequest
 from celeris.engine.sampling_batch import Allowed
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
 MAX_SCHEMA_CHARS = 32_768  # a schema's JSON text, checked before parsing
+MAX_SCHEMA_NESTING = 32  # arrays/objects nested in a schema's JSON, checked before parsing (no recursion)
+GRAMMAR_CACHE = 256  # slot grammars remembered with their verdicts, per tokenizer
 MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256
 KINDS = ("json_schema", "json_object", "regex", "choice")
 # llguidance's own work bounds (lexer states, parser items, mask-computation fuel), checked as it
@@ -87,6 +91,7 @@ class Compiler:
             else None
         space = self._encode(" ")
         self.json_filler = self.pad if self.pad is not None else (space[0] if len(space) == 1 else None)
+        self._checked = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._check)
 
     def _encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text)
@@ -113,13 +118,20 @@ class Compiler:
 
     @staticmethod
     def _schema(value: object, f: str) -> object:
+        """The schema as Python values, its size and nesting checked first: JSON text by a scan
+        of its brackets, parsed values by an explicit walk (neither recurses), so a schema nested
+        thousands deep is refused by name, not by a RecursionError."""
         if isinstance(value, str):
             if len(value) > MAX_SCHEMA_CHARS:
                 raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
+            if json_text_depth(value) > MAX_SCHEMA_NESTING:
+                raise StructureError(f, f"nests arrays and objects more than {MAX_SCHEMA_NESTING} deep")
             try:
                 return json.loads(value)
             except ValueError as e:
                 raise StructureError(f, f"not valid JSON: {e}") from None
+        if value_depth(value, MAX_SCHEMA_NESTING) > MAX_SCHEMA_NESTING:
+            raise StructureError(f, f"nests arrays and objects more than {MAX_SCHEMA_NESTING} deep")
         if len(json.dumps(value)) > MAX_SCHEMA_CHARS:
             raise StructureError(f, f"at most {MAX_SCHEMA_CHARS} characters of JSON")
         return value
@@ -152,7 +164,19 @@ class Compiler:
                       self.tok.eos_id)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
-        """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`)."""
+        """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),
+        refused if the library refuses it or its language is empty. Remembered per (regex,
+        within): a client repeating a schema does not repeat the work."""
+        grammar, problem = self._checked(regex, within)
+        if problem:
+            raise StructureError(f, problem)
+        return grammar
+
+    def _check(self, regex: str, within: Optional[str]) -> tuple[str, str]:
+        """(grammar, why it cannot be served or ""): compiled, then one fresh matcher's first
+        mask: a matcher that fails at once, or allows no token and does not accept, has an
+        empty language (e.g. a character class outside the slot's alphabet), which would
+        otherwise fail only at the request's first step."""
         if within is None:
             grammar = llguidance.LLMatcher.grammar_from_regex(regex)
         else:
@@ -160,14 +184,23 @@ class Compiler:
             grammar = llguidance.LLMatcher.grammar_from_lark(f"start: S\nS: /{esc(regex)}/ & /{esc(within)}/")
         msg = llguidance.LLMatcher.validate_grammar(grammar, self.ll, limits=LIMITS)
         if msg:
-            raise StructureError(f, f"the constraint library refuses it: {msg[:200]}")
-        return grammar
+            return grammar, f"the constraint library refuses it: {msg[:200]}"
+        m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
+        words = np.zeros((self.vocab_size + 31) // 32, dtype=np.uint32)
+        m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        words[self.tok.eos_id >> 5] &= ~np.uint32(1 << (self.tok.eos_id & 31))  # ends are the filler's
+        if m.is_error() or not (words.any() or m.is_accepting()):
+            where = "" if within is None else " within the characters its slot may hold: ASCII, printable in a JSON string"
+            return grammar, f"its language is empty (no text matches it{where}): nothing could be served"
+        return grammar, ""
 
     def _json_layout(self, parts, gen_length: int, f: str) -> Layout:
+        """The skeleton placed and its size checked against the canvas first (cheap), then each
+        slot's grammar compiled: a schema that cannot fit costs no compile."""
         if self.json_filler is None:
             raise StructureError(f, "this model's tokenizer has no filler token (pad or a single-token space)")
         canvas: list[int] = []
-        slots: list[SlotSpec] = []
+        placed = []  # (start, slot part)
         for part in parts:
             if isinstance(part, Text):
                 ids = self._encode(part.text)
@@ -175,20 +208,21 @@ class Compiler:
                     raise StructureError(f, f"the skeleton {part.text!r} does not decode back through this tokenizer")
                 canvas += ids
             else:
-                slots.append(SlotSpec(len(canvas), part.max_bytes, self._grammar(part.regex, part.path, part.within),
-                                      self.json_filler))
+                placed.append((len(canvas), part))
                 canvas += [self.tok.mask_id] * part.max_bytes
-        if len(canvas) > gen_length:
-            raise StructureError(f, f"the schema needs {len(canvas)} canvas tokens; max_tokens is {gen_length}")
+            if len(canvas) > gen_length:
+                raise StructureError(f, f"the schema needs more than {gen_length} canvas tokens (max_tokens)")
+        slots = tuple(SlotSpec(start, part.max_bytes, self._grammar(part.regex, part.path, part.within),
+                               self.json_filler) for start, part in placed)
         tail = min(self.tok.stop_ids) if self.tok.stop_ids else self.tok.eos_id
-        return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), tuple(slots), tail)
+        return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), slots, tail)
 
 
 class Constraint:
     """One request's slots as it decodes: a matcher and a front per slot."""
 
-    def __init__(self, layout: Layout, compiler: Compiler):
-        self.layout = layout
+    def __init__(self, layout: Layout, compiler: Compiler, field: str = "structured_output"):
+        self.layout, self.field = layout, field  # field: the client's name for it, in its errors
         self.V = compiler.vocab_size
         self.words = (self.V + 31) // 32
         self._matchers = [llguidance.LLMatcher(compiler.ll, s.grammar, limits=LIMITS) for s in layout.slots]
@@ -207,6 +241,29 @@ class Constraint:
     def fronts(self, lo: int, hi: int) -> list[int]:
         """Canvas positions in [lo, hi) that may commit this step (each live slot's front)."""
         return sorted(p for p in self._by_front if lo <= p < hi)
+
+    def window(self, cols: list[int]) -> tuple[list[int], np.ndarray]:
+        """This row's fronts in a step's window, cols[j] the canvas position of column j (-1:
+        none): (their columns, their allowed tokens as packed rows (N, ceil(V / 32)) uint32).
+        InvalidRequest naming this request's own field if its matcher raises or allows nothing
+        at a front (its language ended: nothing could be served)."""
+        col_of = {p: j for j, p in enumerate(cols) if p >= 0}
+        fronts = self.fronts(min(col_of), max(col_of) + 1) if col_of else []
+        words = np.zeros((len(fronts), self.words), dtype=np.uint32)
+        try:
+            for k, p in enumerate(fronts):
+                self.fill(p, words[k])
+                if not words[k].any():
+                    raise self.failure(f"no token can continue it at output position {p}")
+        except InvalidRequest:
+            raise
+        except Exception as e:  # llguidance's own error text quotes the state: the type names it
+            raise self.failure(f"the constraint library failed ({type(e).__name__})") from None
+        return [col_of[p] for p in fronts], words
+
+    def failure(self, reason: str) -> InvalidRequest:
+        """This request's error when its structure cannot go on: names its own field only."""
+        return InvalidRequest([FieldViolation(self.field, f"the structure cannot be served: {reason}")])
 
     def fill(self, pos: int, words: np.ndarray) -> None:
         """Write the tokens the slot whose front is `pos` may commit there into `words`, a
@@ -242,10 +299,41 @@ class Constraint:
             self._ended[i] = True
             self._by_front.update((p, i) for p in range(pos + 1, end))
             return
-        if not self._matchers[i].consume_token(token):  # an invariant: the mask allowed it
-            raise RuntimeError(f"slot {i} refused token {token}: {self._matchers[i].get_error()}")
+        if not self._matchers[i].consume_token(token):  # the mask allowed it: its matcher broke
+            raise self.failure(f"its matcher refused token {token} at output position {pos}")
         if pos + 1 < end:
             self._by_front[pos + 1] = i
+
+
+def json_text_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON text (brackets inside strings not counted): one
+    linear scan, before any parser recurses into it."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(text):
+        token = m.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # a string (skipped whole), or a bracket
+
+
+def value_depth(value: object, limit: int) -> int:
+    """How deep lists and dicts nest in `value`, walked without recursion and stopping past
+    `limit` (returns limit + 1 there)."""
+    stack, deepest = [(value, 1)], 0
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list, tuple)):
+            if d > limit:
+                return d
+            deepest = max(deepest, d)
+            stack += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
 
 
 _BITS = torch.tensor([[(x >> j) & 1 for j in range(8)] for x in range(256)], dtype=torch.bool)  # (256, 8)
@@ -262,30 +350,33 @@ def unpack(words: np.ndarray, V: int, device: torch.device) -> torch.Tensor:
 
 
 def window_masks(rows: Seq[Optional[tuple[Constraint, list[int]]]], W: int, device: torch.device):
-    """A step's constrained rows as (front (B, W) bool: the columns that may commit, `Allowed`),
-    or (None, None) when no row is constrained: unconstrained batches pay nothing. rows[b] is
-    (constraint, the canvas position of each window column, -1 for none) or None (unconstrained:
-    every column may commit). llguidance fills packed rows (one bit a token) and they are
-    unpacked once for the whole step (`unpack`)."""
+    """A step's constrained rows as (front (B, W) bool: the columns that may commit, `Allowed`,
+    failed {row: InvalidRequest}), or (None, None, {}) when no row is constrained: unconstrained
+    batches pay nothing. rows[b] is (constraint, the canvas position of each window column, -1
+    for none) or None (unconstrained: every column may commit). llguidance fills packed rows
+    (one bit a token), unpacked once for the whole step (`unpack`). Each row's masks are built
+    on their own: a row whose structure raises, or allows no token at a front, is in `failed`
+    with no front (it commits nothing), and every other row's masks are as without it."""
     if all(r is None for r in rows):
-        return None, None
+        return None, None, {}
     B = len(rows)
     front = np.ones((B, W), dtype=bool)
     flat: list[int] = []
-    fronts: list[tuple[Constraint, int]] = []
+    packed: list[np.ndarray] = []
+    failed: dict[int, InvalidRequest] = {}
     for b, r in enumerate(rows):
         if r is None:
             continue
-        c, cols = r
         front[b] = False
-        col_of = {p: j for j, p in enumerate(cols) if p >= 0}
-        for p in c.fronts(min(col_of), max(col_of) + 1):
-            front[b, col_of[p]] = True
-            flat.append(b * W + col_of[p])
-            fronts.append((c, p))
-    V = next(r[0].V for r in rows if r is not None)
-    words = np.empty((len(fronts), (V + 31) // 32), dtype=np.uint32)
-    for k, (c, p) in enumerate(fronts):
-        c.fill(p, words[k])
+        try:
+            cols, words = r[0].window(r[1])
+        except InvalidRequest as e:
+            failed[b] = e
+            continue
+        front[b, cols] = True
+        flat += [b * W + j for j in cols]
+        packed.append(words)
+    c = next(r[0] for r in rows if r is not None)
+    words = np.concatenate(packed) if packed else np.zeros((0, c.words), dtype=np.uint32)
     return torch.from_numpy(front).to(device), Allowed(torch.tensor(flat, dtype=torch.long, device=device),
-                                                       unpack(words, V, device))
+                                                       unpack(words, c.V, device)), failed

@@ -181,12 +181,21 @@ def _string(s: dict, path: str) -> Slot:
     if not isinstance(pattern, str) or len(pattern) > 256:
         raise SchemaError(f"{path}.pattern", "must be a regex of at most 256 characters")
     width = max_width(pattern, f"{path}.pattern", ascii_only=True)
-    if width > MAX_STRING:
+    bounded = "maxLength" in s or "minLength" in s
+    if width > MAX_STRING and "maxLength" not in s:
         raise SchemaError(f"{path}.pattern", f"may match {width} characters; bound it to {MAX_STRING}")
+    if width < lo:  # cheap, before anything compiles: no match of the pattern is long enough
+        raise SchemaError(f"{path}.minLength", f"the pattern's matches have at most {width} characters: "
+                                               "no string satisfies both")
     # Anchored (JSON schema patterns search; the slot must match as a whole), and within the
-    # characters a JSON string may hold unescaped.
+    # characters a JSON string may hold unescaped, and the length bounds when given: every
+    # served string satisfies pattern and lengths together (an empty intersection is refused
+    # when the slot compiles: constraint.Compiler).
     body = pattern.removeprefix("^").removesuffix("$")
-    return Slot(f'"({body})"', width + 2, path, within=f'"{STRING_CHAR}*"')
+    if not bounded:
+        return Slot(f'"({body})"', width + 2, path, within=f'"{STRING_CHAR}*"')
+    hi = min(hi, width) if "maxLength" in s else width
+    return Slot(f'"({body})"', hi + 2, path, within=f'"{STRING_CHAR}{{{lo},{hi}}}"')
 
 
 def _bound(s: dict, path: str, key: str):

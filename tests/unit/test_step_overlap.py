@@ -165,9 +165,10 @@ def test_a_request_whose_load_fails_ends_with_the_error_and_frees_its_slot(twins
         sched = Scheduler(llm.loop)
         sched.start()
         first = sched.submit(llm.request("Emma", PARAMS))
-        with pytest.raises(StepFailed, match="device lost"):
+        with pytest.raises(StepFailed, match="RuntimeError") as failed:  # the type: the text may quote any request
             async for _ in first:
                 pass
+        assert "device lost" not in str(failed.value)
         events = [ev async for ev in sched.submit(llm.request("Anne", PARAMS))]
         await sched.stop()
         return events
