@@ -66,6 +66,7 @@ class ServerSettings:
     metrics_on_http: bool = False  # also serve /metrics on the HTTP gateway's port (as vLLM does)
     http_port: Optional[int] = None
     allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
+    allowed_hosts: tuple[str, ...] = ()  # HTTP Host names served beside loopback ones; ("*",) = any (http_extras)
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
     warmup: bool = True
 

@@ -79,6 +79,10 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=None,
                     help="let web pages from these origins (https://app.example.com, or *) call the HTTP gateway "
                          "(CORS); default: off, browsers on other origins are refused")
+    ap.add_argument("--allowed-hosts", nargs="+", metavar="NAME", default=None,
+                    help="HTTP Host names the gateway serves besides localhost and loopback addresses (a port is "
+                         "ignored; * = any). Bound to loopback, other Hosts get 421 (DNS rebinding); bound elsewhere, "
+                         "Host is checked only when names are given")
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus /metrics on this port (no token asked: bind it where only the scraper "
                          "reaches, see --metrics-host)")
@@ -171,7 +175,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               max_health_watches_per_client=a.max_health_watches_per_client,
                               max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
                               header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
-                              allowed_origins=tuple(a.allowed_origins or ()),
+                              allowed_origins=tuple(a.allowed_origins or ()), allowed_hosts=tuple(a.allowed_hosts or ()),
                               served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:

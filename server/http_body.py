@@ -1,7 +1,7 @@
 """Reading an HTTP request's JSON body without letting a client stall the event loop or the server.
 
-- Only JSON media types (a browser may post text/plain, form or multipart cross-site without a
-  preflight: none of those are accepted).
+- Only JSON media types, and the header must be there (a browser may post text/plain, form,
+  multipart or an untyped body cross-site without a preflight: none of those are accepted).
 - aiohttp's own decompression is off (it inflates on the event loop, however far past the size
   limit a body expands): a gzip or deflate body is read compressed, at most the size limit, and
   inflated in a worker thread, the limit applied to the inflated bytes as they come out. Any other
@@ -101,9 +101,12 @@ async def _read(request: web.Request, limit: int) -> bytes:
 async def read_json(request: web.Request, limit: int, timeout: float) -> Any:
     """The request's JSON body: media type checked, read within `timeout`, inflated and parsed
     off the loop when large; raises InvalidRequest subclasses (415, 413, 408, 400)."""
-    if request.headers.get("Content-Type") is not None and not json_media(request.content_type):
-        raise UnsupportedMediaType([FieldViolation(
-            "Content-Type", f"must be application/json, got {clip(request.content_type)}")])
+    # The header is required, not only checked when present: a cross-site POST with no Content-Type
+    # (a Blob body) is a "simple" request too, sent without a preflight.
+    given = request.headers.get("Content-Type")
+    if given is None or not json_media(request.content_type):
+        got = "none" if given is None else clip(request.content_type)
+        raise UnsupportedMediaType([FieldViolation("Content-Type", f"must be application/json, got {got}")])
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("identity", "", *WBITS):
         raise UnsupportedMediaType([FieldViolation(

@@ -10,11 +10,17 @@
 - CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
   origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
   and its preflight `OPTIONS` answered, allowing the request headers the preflight asks for; any other origin's preflight is refused with 403.
+- The Host allowlist (`HostCheck`) of a gateway bound to loopback: a web page that rebinds its own
+  DNS name to 127.0.0.1 reaches the port as same-origin, but its requests still say its name in
+  `Host`. So on loopback only localhost, loopback addresses and the names given with
+  `--allowed-hosts` are served (421 otherwise). Bound elsewhere, Host is the pod IP or a service
+  name Kubernetes probes and meshes pick: no check unless the operator names hosts.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import ipaddress
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from aiohttp import web
@@ -101,6 +107,53 @@ class Cors:
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
             if "Origin" not in response.headers.getall("Vary", ()):
                 response.headers.add("Vary", "Origin")
+
+
+def is_loopback(host: str) -> bool:
+    """A loopback address or localhost (a Host header's name, or a bind address; brackets and a
+    trailing dot allowed)."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):  # browsers resolve these themselves (RFC 6761)
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """A Host header's name without its port: "[::1]:8080" -> "::1", "Example.COM." -> "example.com"."""
+    header = header.strip()
+    if header.startswith("["):
+        name = header[1:header.find("]")] if "]" in header else header[1:]
+    else:
+        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    return name.rstrip(".").lower()
+
+
+class HostCheck:
+    """Which Host headers the gateway serves. `bind_host`: the address it listens on; `allowed`:
+    the operator's names (`--allowed-hosts`; "*" turns the check off)."""
+
+    def __init__(self, bind_host: str, allowed: Sequence[str] = ()):
+        self.names = frozenset(host_name(h) for h in allowed if h.strip())
+        self.active = "*" not in self.names and (is_loopback(bind_host) or bool(self.names))
+
+    def allows(self, header: Optional[str]) -> bool:
+        # No Host at all: not a browser (every browser sends one), so not a rebinding page.
+        if header is None:
+            return True
+        name = host_name(header)
+        return is_loopback(name) or name in self.names
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if self.allows(host):
+            return await handler(request)
+        body = openai_api.error_body(f"Host {host[:100]!r} is not served here: add it with --allowed-hosts",
+                                     "invalid_request_error", "Host", "host_not_allowed")
+        return web.json_response(body, status=421)
 
 
 def add_metrics_route(app: web.Application, registry: Any) -> None:

@@ -29,7 +29,7 @@ from celeris.server.errors import RequestTimeout, error_body
 from celeris.server.http_body import read_json
 from celeris.server.http_transport import JsonErrorRunner, listening_socket
 from celeris.server.guard import Guard
-from celeris.server.http_extras import Cors, TokenizerRoutes, add_metrics_route
+from celeris.server.http_extras import Cors, HostCheck, TokenizerRoutes, add_metrics_route
 from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
 from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
 
@@ -88,7 +88,11 @@ class HttpGateway:
 
     def app(self) -> web.Application:
         cors = Cors(self.settings.allowed_origins)
-        middlewares = [self._access_log, *([cors.middleware] if cors.allowed else []), self._guard]
+        hosts = HostCheck(self.settings.host, getattr(self.settings, "allowed_hosts", ()))
+        # The Host check comes first (before CORS preflights, auth and any body is read): a
+        # rebinding page's requests are refused whatever they carry.
+        middlewares = [self._access_log, *([hosts.middleware] if hosts.active else []),
+                       *([cors.middleware] if cors.allowed else []), self._guard]
         app = web.Application(middlewares=middlewares, client_max_size=self.settings.max_request_bytes)
         if cors.allowed:
             app.on_response_prepare.append(cors.on_prepare)
@@ -126,9 +130,7 @@ class HttpGateway:
         """Refuse new generations (503), give in-flight ones `grace` seconds, then cancel what is
         left and close: one grace period, not one plus aiohttp's own shutdown wait."""
         self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), grace)
-        except asyncio.TimeoutError:
+        if not await self._settled(grace):
             # Every stream still running gets an ending: its handler writes an SSE error event and
             # [DONE], or a JSON 503. Only handlers still stuck after that (a client that does not
             # read) are cancelled, which drops their connections.
@@ -144,6 +146,8 @@ class HttpGateway:
             self._runner = None
 
     async def _settled(self, timeout: float) -> bool:
+        if self._idle.is_set():  # wait_for with a timeout of 0 times out even on a set event
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True

@@ -36,7 +36,7 @@ def _http_stream(port: int, body: dict, out: dict, key: str) -> None:
     """A client that reads its response to the end (whatever the server sends) into out[key]."""
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
     data = json.dumps(body).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(data), data))
     got = b""
     try:
@@ -52,7 +52,7 @@ def _park_http(port: int) -> socket.socket:
     body = json.dumps({**LONG, "stream": True, "diffusing": True}).encode()
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     return s
 
@@ -119,7 +119,7 @@ def test_slow_senders_are_cut_off(spawn):
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
         heads.append(s)
         s = socket.create_connection(("127.0.0.1", http_port), timeout=5)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 1000\r\n\r\n{")
         bodies.append(s)
     open_ = {s: b"" for s in heads + bodies}
