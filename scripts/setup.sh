@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs everything Celeris needs on a fresh machine. torch is pinned first so pip takes the
-# local CPU build instead of resolving a multi-GB CUDA build as a dependency.
+# Installs everything Celeris needs on a fresh machine. torch first (scripts/install_torch.sh:
+# the CPU build without a GPU, the CUDA one with), so pip never resolves the multi-GB CUDA build
+# as a mere dependency; it says which build it installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet torch==2.13.0
+bash scripts/install_torch.sh
 # The server (editable, with the test tools) pulls the client from ./clients as a regular install;
 # reinstalling the client editable afterwards makes edits under clients/ take effect too.
 python3 -m pip install --quiet -e '.[dev]'
