@@ -8,7 +8,9 @@
 Every layer: attention (q/k RMSNorm, a scale-free v RMSNorm, RoPE per layer type, attention scale
 1.0, global layers reuse the key projection as the value), then a dense GLU MLP and a routed MoE in
 parallel on the same residual. The arithmetic follows the reference op for op in float32 (eager
-attention, float32 softmax), so logits are bit-identical to it on CPU.
+attention, float32 softmax, the experts as transformers' default `grouped_mm` forward), so logits
+are bit-identical to it on CPU. Batched requests each run their own forward (`denoise_rows`), so a
+row's logits do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -134,14 +136,35 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(cfg.num_experts, cfg.d_model, cfg.moe_hidden_size))
 
     def forward(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """Each token's experts summed in increasing expert order, as the reference adds them.  x: (N, D)"""
-        out = torch.zeros_like(x)
-        for e in idx.unique().tolist():
-            slot, tok = torch.where((idx == e).T)
-            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(gelu(gate) * up, self.down_proj[e]) * w[tok, slot, None]
-            out.index_add_(0, tok, y.to(out.dtype))
-        return out
+        """Each token's k experts, weighed and summed over its k slots in slot order.  x: (N, D), w and
+        idx: (N, k) -> (N, D)
+
+        As transformers' default experts forward (`grouped_mm`): the (token, slot) pairs sorted by
+        expert, one grouped matmul per projection (each expert's matmul over exactly the rows routed
+        to it), then each token's k outputs summed. A row's bits depend only on the rows that share
+        its matmuls, so callers that want a row to round as it does alone pass one request's rows."""
+        N, k = idx.shape
+        flat = idx.reshape(-1)  # (N*k,) token-major
+        order = torch.sort(flat).indices  # (N*k,) by expert; torch.sort as the reference (rows' order within a group changes their bits)
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0])  # (E,) rows per expert
+        gate, up = grouped_linear(x[order // k], self.gate_up_proj, counts).chunk(2, dim=-1)  # (N*k, I) each
+        y = grouped_linear(gelu(gate) * up, self.down_proj, counts) * w.reshape(-1)[order, None]  # (N*k, D)
+        out = torch.empty_like(y)
+        out[order] = y  # back to (token, slot) order
+        return out.view(N, k, -1).sum(dim=1).to(x.dtype)
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Consecutive runs of rows, run e through F.linear(rows, weight[e]).  x: (M, D), weight (E, F, D),
+    counts (E,) summing to M -> (M, F). torch's grouped matmul does the loop in one call (on the CPU
+    it is one mm per group: bit-equal to F.linear over the same rows); older torch loops here."""
+    if hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm(x, weight.transpose(1, 2), offs=counts.cumsum(0).to(torch.int32))
+    out, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        out.append(F.linear(x[start:start + n], weight[e]))
+        start += n
+    return torch.cat(out)
 
 
 class Layer(nn.Module):
@@ -237,22 +260,32 @@ class DiffusionGemma(nn.Module):
     @torch.no_grad()
     def denoise(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
         """Bidirectional pass over one request's canvas.  canvas: (1, L) -> logits (1, L, V) float32"""
-        return self.denoise_rows(canvas, [cache], [None if sc_logits is None else sc_logits[0]])
+        return self._denoise_one(canvas, cache, None if sc_logits is None else sc_logits[0])
 
     @torch.no_grad()
     def denoise_rows(self, canvas: torch.Tensor, caches: list[KVCache],
                      sc_logits: list[Optional[torch.Tensor]]) -> torch.Tensor:
-        """One forward over several requests' canvases, each reading its own cache and conditioned on
-        its own previous logits (None on a canvas's first step). Rows whose caches differ in length
-        pad the keys and mask the padding out.  canvas: (B, L) -> (B, L, V)"""
-        B, L = canvas.shape
-        pos = torch.stack([torch.arange(c.length, c.length + L) for c in caches])  # (B, L)
+        """Several requests' canvases, each reading its own cache and conditioned on its own previous
+        logits (None on a canvas's first step).  canvas: (B, L) -> (B, L, V)
+
+        Each row runs the very forward it runs alone, so its logits are bitwise the same in any batch
+        (issue #40). One forward over the batch cannot promise that on the CPU: a matmul's rounding
+        depends on its row count and its operands' memory alignment (MKL picks kernels by both), an
+        expert's matmul would run over every row routed to it, and a key axis padded to a longer
+        row changes softmax's summation; rounding that self-conditioning then amplifies until the
+        canvases diverge. The rows share the step, not the kernels (docs/revising-models.md)."""
+        return torch.cat([self._denoise_one(canvas[r:r + 1], c, lg) for r, (c, lg) in enumerate(zip(caches, sc_logits))])
+
+    def _denoise_one(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
+        """One request's denoising forward.  canvas: (1, L), sc_logits: (L, V) or None -> (1, L, V)"""
+        L = canvas.shape[1]
+        pos = torch.arange(cache.length, cache.length + L)[None]  # (1, L)
         h = self._conditioned(self.embed_ids(canvas), sc_logits)
         for i, layer in enumerate(self.layers):
             cos, sin = rope_tables(layer.self_attn.shape, pos)
             q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
-            k_all, v_all, bias = _padded_keys(caches, i, k, v)
-            h = h + layer.post_attention_layernorm(layer.self_attn.attend(q, k_all, v_all, bias))
+            k_all, v_all = cache.joined(i, k, v)  # read, never stored: the canvas is not context yet
+            h = h + layer.post_attention_layernorm(layer.self_attn.attend(q, k_all, v_all, None))
             h = layer.feed_forward(h, layer.layer_scalar)
         h = self.norm(h)
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
@@ -260,29 +293,13 @@ class DiffusionGemma(nn.Module):
         cap = self.cfg.logit_softcap
         return torch.tanh(logits / cap) * cap
 
-    def _conditioned(self, x: torch.Tensor, sc_logits: list[Optional[torch.Tensor]]) -> torch.Tensor:
-        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input.
-        Row by row, so a row's soft embedding is computed exactly as it is alone.  x: (B, L, D)"""
-        w = self.embed.weight
-        scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
+    def _conditioned(self, x: torch.Tensor, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
+        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input
+        (zeros on a canvas's first step, as the reference masks it).  x: (1, L, D), sc_logits (L, V)"""
         soft = torch.zeros_like(x)
-        for r, lg in enumerate(sc_logits):
-            if lg is not None:  # (L, V)
-                soft[r] = torch.matmul(torch.softmax(lg[None], dim=-1, dtype=torch.float32).to(w.dtype), w)[0] * scale
+        if sc_logits is not None:
+            w = self.embed.weight
+            scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
+            soft = torch.matmul(torch.softmax(sc_logits[None], dim=-1, dtype=torch.float32).to(w.dtype), w) * scale
         signal = self.self_conditioning(self.self_conditioning_pre_norm(soft))
         return rms_norm(x + signal, None, self.cfg.rms_norm_eps)
-
-
-def _padded_keys(caches: list[KVCache], i: int, k: torch.Tensor, v: torch.Tensor):
-    """Each row's cached keys then its canvas keys, right-padded to the longest row.  No bias (None)
-    when every row has the same length: the same shapes as a request alone."""
-    rows = [c.joined(i, k[r:r + 1], v[r:r + 1]) for r, c in enumerate(caches)]
-    lengths = [kk.shape[2] for kk, _ in rows]
-    longest = max(lengths)
-    if all(n == longest for n in lengths):
-        return torch.cat([kk for kk, _ in rows]), torch.cat([vv for _, vv in rows]), None
-    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
-    bias = torch.zeros(len(rows), 1, 1, longest, dtype=k.dtype)
-    for r, n in enumerate(lengths):
-        bias[r, :, :, n:] = torch.finfo(k.dtype).min
-    return torch.cat([pad(kk) for kk, _ in rows]), torch.cat([pad(vv) for _, vv in rows]), bias

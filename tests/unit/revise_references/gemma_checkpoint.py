@@ -16,9 +16,12 @@ VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_att
               num_key_value_heads=2, head_dim=8, position_embedding_size=64, patch_size=4)
 
 
-def write_checkpoint(folder: Path, canvas_length: int = 8, seed: int = 0, embed_gain: float = 1.0, **text) -> Path:
+def write_checkpoint(folder: Path, canvas_length: int = 8, seed: int = 0, embed_gain: float = 1.0,
+                     sc_gain: float = 1.0, **text) -> Path:
     """`embed_gain` scales the (tied) embeddings: a sharper model, confident enough for the
-    stable-and-confident rule to stop canvases early."""
+    stable-and-confident rule to stop canvases early. `sc_gain` scales the self-conditioning GLU's
+    projections: each step's logits then weigh heavily on the next, so a rounding difference in one
+    step grows into different tokens (what batch-invariance tests want)."""
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     cfg = DiffusionGemmaConfig(text_config={**TEXT, **text}, vision_config={"model_type": "gemma4_vision", **VISION},
@@ -31,6 +34,8 @@ def write_checkpoint(folder: Path, canvas_length: int = 8, seed: int = 0, embed_
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
             if name.endswith("embed_tokens.weight"):
                 p.mul_(embed_gain)
+            if "self_conditioning" in name and name.endswith("proj.weight"):
+                p.mul_(sc_gain)
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand_like(b))
@@ -41,7 +46,14 @@ def write_checkpoint(folder: Path, canvas_length: int = 8, seed: int = 0, embed_
 def reference_model(folder: Path):
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    return DiffusionGemmaForBlockDiffusion.from_pretrained(folder, attn_implementation="eager").eval()
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(folder, attn_implementation="eager").eval()
+    # from_pretrained leaves the weights in the safetensors mmap, at whatever byte offset the file
+    # puts them; the CPU matmul kernels (MKL) round differently on operands that are not 64-byte
+    # aligned, so the same reference would give other bits from another file layout. Fresh copies
+    # are aligned, as celeris' own loaded weights are.
+    for p in model.parameters():
+        p.data = p.data.clone()
+    return model
 
 
 def reference_generate(model, prompt: list[int], seed: int, max_new_tokens: int, **gen) -> list[int]:
