@@ -95,8 +95,9 @@ class SamplingParams:
     max_denoising_steps: int = knob(48, "revising models: most denoising steps per canvas")
     entropy_bound: float = knob(0.1, "revising models: accept the lowest-entropy positions while their entropies, "
                                      "less the largest, sum to at most this")
-    t_min: float = knob(0.4, "revising models: temperature at a canvas's last step (> 0)")
-    t_max: float = knob(0.8, "revising models: temperature at a canvas's first step (>= t_min)")
+    t_min: float = knob(0.4, "revising models: a canvas's temperature falls from t_max towards this; "
+                             "its last step runs above it (>= 0)")
+    t_max: float = knob(0.8, "revising models: temperature at a canvas's first step (> 0, >= t_min)")
     stability_threshold: int = knob(1, "revising models: a canvas stops once its argmax held this many steps "
                                        "(and is confident)")
     confidence_threshold: float = knob(0.005, "revising models: ...and its mean entropy is below this")
@@ -195,10 +196,13 @@ class SamplingParams:
                 bad(name, f"must be an integer in [{low}, {MAX_DENOISING_STEPS}], got {clip(val)}")
         if not _finite(self.entropy_bound) or self.entropy_bound < 0:
             bad("entropy_bound", f"must be a finite number >= 0, got {clip(self.entropy_bound)}")
-        if not _finite(self.t_min) or self.t_min <= 0:
-            bad("t_min", f"must be a finite number > 0, got {clip(self.t_min)}")
-        if not _finite(self.t_max) or (_finite(self.t_min) and self.t_max < self.t_min):
-            bad("t_max", f"must be a finite number >= t_min, got {clip(self.t_max)}")
+        # As transformers' DiffusionGemmaGenerationConfig.validate: t_min >= 0 (step s of N runs at
+        # t_min + (t_max - t_min) * s / N for s = N..1, never at t_min itself). It refuses t_max ==
+        # t_min; a constant t_max > 0 is accepted here, so no temperature is ever 0.
+        if not _finite(self.t_min) or self.t_min < 0:
+            bad("t_min", f"must be a finite number >= 0, got {clip(self.t_min)}")
+        if not _finite(self.t_max) or self.t_max <= 0 or (_finite(self.t_min) and self.t_max < self.t_min):
+            bad("t_max", f"must be a finite number > 0 and >= t_min, got {clip(self.t_max)}")
         if not _finite(self.confidence_threshold) or self.confidence_threshold < 0:
             bad("confidence_threshold", f"must be a finite number >= 0, got {clip(self.confidence_threshold)}")
         return v
