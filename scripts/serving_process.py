@@ -63,6 +63,8 @@ class ServeProcess:
         if simulate_step_ms is not None:
             self.argv += ["--simulate-step-ms", str(simulate_step_ms)]
         self.argv += list(extra)  # e.g. --device cuda --dtype bfloat16 (scripts/bench_gpu_served.py)
+        if "--http-port" not in extra:  # HTTP is on by default (port 8000); the benchmarks speak gRPC
+            self.argv.append("--no-http")
         self.proc: Optional[subprocess.Popen] = None
 
     @property

@@ -48,12 +48,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     from celeris.engine.errors import ModelLoadError
     from celeris.engine.llm import LLM
     from celeris.engine.threads import configure_threads
+    from celeris.server.cli_model import model_from_args
 
     t_imports, t0 = process_age_s(), time.perf_counter()
     threads = configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     sampling_from_args(a)  # obviously bad flags fail before the model loads
+    source = model_from_args(a)  # --device cuda without CUDA, a Hub id not in the cache: one line
     try:
-        llm = LLM.load(a.model, engine_config_from_args(a, max_batch=1, max_gen_length=4096, max_prompt_tokens=4096))
+        llm = LLM.load(source.path, engine_config_from_args(a, max_batch=1, max_gen_length=4096, max_prompt_tokens=4096))
     except ModelLoadError as e:
         raise ModelLoadError(f"--model: {e}") from None
     t1 = time.perf_counter()

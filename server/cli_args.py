@@ -49,8 +49,12 @@ def sampling_from_args(a: argparse.Namespace, defaults=None):
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", type=Path, default=None,
-                    help="checkpoint folder, or an embedded model by name: celeris-tiny (the default), celeris-tiny-block")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint folder, Hugging Face id (org/name, through the Hugging Face cache; offline with "
+                         "HF_HUB_OFFLINE=1), or an embedded model by name: celeris-tiny (the default), celeris-tiny-block")
+    ap.add_argument("--revision", default=None, help="Hugging Face id: branch, tag or commit (default main)")
+    ap.add_argument("--download-dir", default=None, metavar="DIR",
+                    help="Hugging Face id: the cache folder to read and download into (default huggingface_hub's)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default %(default)s)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the CPUs this process may use: affinity mask and cgroup CPU quota)")

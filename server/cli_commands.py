@@ -12,6 +12,7 @@ from typing import Optional
 
 from celeris.engine.errors import EngineError
 from celeris.server.cli_args import add_model_args, engine_config_from_args
+from celeris.server.cli_model import model_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from celeris.engine.training.evaluate import evaluate, format_report
 
     configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
-    llm = LLM.load(a.model, engine_config_from_args(a, max_batch=64, max_queue=4096))
+    llm = LLM.load(model_from_args(a).path, engine_config_from_args(a, max_batch=64, max_queue=4096))
     report = evaluate(llm, a.cache_dir, limit=a.limit)
     if a.json:
         report["scores"] = [dataclasses.asdict(s) for s in report["scores"]]
@@ -59,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
 
-    sv = sub.add_parser("serve", help="run the gRPC server (and optionally the HTTP gateway)")
+    sv = sub.add_parser("serve", help="serve gRPC (port 50051) and the OpenAI-compatible HTTP API and web page (8000)")
+    sv.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                    help="the model, as `vllm serve MODEL` takes it: the same as --model")
     add_model_args(sv)
     add_serve_args(sv)
     sv.set_defaults(func=cmd_serve)
@@ -69,10 +72,16 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     from celeris.server.app import ServerSettings
 
     d = ServerSettings()
-    ap.add_argument("--host", default=d.host, help="bind address (default %(default)s, this machine only; "
+    # The images set CELERIS_HOST (and the ports) in their environment, so `docker run IMAGE --model
+    # /models` still binds every interface though its arguments replace the image's CMD.
+    ap.add_argument("--host", default=os.environ.get("CELERIS_HOST", d.host),
+                    help="bind address (default $CELERIS_HOST, else %(default)s: this machine only; "
                     "[::] or 0.0.0.0 for every interface, as the container images do)")
     ap.add_argument("--port", type=int, default=d.port, help="gRPC port (default %(default)s)")
-    ap.add_argument("--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP gateway and web page")
+    ap.add_argument("--http-port", type=int, default=_env_port("CELERIS_HTTP_PORT", HTTP_PORT),
+                    help="the OpenAI-compatible HTTP API and the web page (default $CELERIS_HTTP_PORT, else "
+                         f"{HTTP_PORT}, vLLM's port; 0 = off)")
+    ap.add_argument("--no-http", action="store_true", help="serve gRPC only (the same as --http-port 0)")
     ap.add_argument("--served-model-name", dest="served_model_names", nargs="+", metavar="NAME", default=None,
                     help="the model name HTTP clients send and /v1/models lists, then aliases; other names get "
                          "404 model_not_found (default: the model's own name)")
@@ -83,7 +92,7 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                     help="HTTP Host names the gateway serves besides localhost and loopback addresses (a port is "
                          "ignored; * = any). Bound to loopback, other Hosts get 421 (DNS rebinding); bound elsewhere, "
                          "Host is checked only when names are given")
-    ap.add_argument("--metrics-port", type=int, default=None,
+    ap.add_argument("--metrics-port", type=int, default=_env_port("CELERIS_METRICS_PORT", None),
                     help="serve Prometheus /metrics on this port (no token asked: bind it where only the scraper "
                          "reaches, see --metrics-host)")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
@@ -134,6 +143,27 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--simulate-step-ms", type=float, default=None, help=argparse.SUPPRESS)
 
 
+HTTP_PORT = 8000  # vLLM's: an OpenAI client pointed at http://127.0.0.1:8000/v1 finds a bare `celeris serve`
+
+
+def _env_port(name: str, default: Optional[int]):
+    """A port from the environment (the images set them), else `default`. A string default goes
+    through the flag's type=int, so a bad value is argparse's one-line error naming the flag."""
+    return os.environ.get(name, "").strip() or default
+
+
+def http_port(a: argparse.Namespace) -> Optional[int]:
+    """The HTTP gateway's port, or None when it is off (--no-http, --http-port 0)."""
+    return None if a.no_http or not a.http_port else a.http_port
+
+
+def served_names(given: Optional[list[str]], repo_id: Optional[str]) -> tuple[str, ...]:
+    """--served-model-name's names, blanks and repeats dropped; by default a Hub id (what vLLM
+    serves it as), else () for the model's own name."""
+    names = tuple(dict.fromkeys(n for n in given or () if n.strip()))
+    return names or ((repo_id,) if repo_id else ())
+
+
 def check_api_key(key: Optional[str]) -> None:
     """An empty key (`CELERIS_API_TOKEN=` from a missing Secret value, `--api-key ""`) is an error,
     never "no auth": the operator meant to require one. Whitespace alone counts as empty (no
@@ -150,6 +180,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 
     check_api_key(a.api_token)  # before the model loads: a bad setting fails at once
+    source = model_from_args(a)  # --device cuda without CUDA: one line; a Hub id: its cached snapshot
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
@@ -160,14 +191,14 @@ def serve_from_args(a: argparse.Namespace) -> int:
     # The model is loaded on the thread that will run every step (engine/threads.py: one OpenMP
     # team; a second thread's forwards ran 2x slower on 2 CPUs).
     thread = TensorThread()
-    llm = thread.call(LLM.load, a.model, cfg)
+    llm = thread.call(LLM.load, source.path, cfg)
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
         from celeris.engine.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
-                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=a.http_port,
+                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=http_port(a),
                               metrics_on_http=a.metrics_on_http_port,
                               trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
                               max_streams_per_connection=a.max_streams_per_connection,
@@ -176,7 +207,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
                               header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                               allowed_origins=tuple(a.allowed_origins or ()), allowed_hosts=tuple(a.allowed_hosts or ()),
-                              served_model_names=tuple(dict.fromkeys(n for n in a.served_model_names or () if n.strip())))
+                              served_model_names=served_names(a.served_model_names, source.repo_id))
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:
         lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))

@@ -45,6 +45,8 @@ class ServerProcess:
         self.argv = [sys.executable, "-X", "faulthandler", "-m", module, "serve", "--model", str(model_dir),
                      "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                      "--threads", "1", "--log-format", "json", *extra]
+        if "--http-port" not in extra:  # HTTP is on by default (port 8000): parallel tests must not share it
+            self.argv.append("--no-http")
         self.proc: Optional[subprocess.Popen] = None
 
     def records(self) -> list[dict]:

@@ -325,13 +325,13 @@ def test_dockerfile_parses_into_a_sane_image(path):
     assert set(names) <= {"FROM", "ARG", "ENV", "RUN", "WORKDIR", "COPY", "USER", "LABEL", "EXPOSE",
                           "ENTRYPOINT", "CMD"}
 
-    # torch first, pinned like scripts/setup.sh, from the right PyTorch index; then the project
+    # torch first, pinned like scripts/setup.sh (its install_torch.sh), from the right PyTorch index; then the project
     runs = instruction_values(path, "RUN")
     torch_run = next(i for i, r in enumerate(runs) if "torch==${TORCH_VERSION}" in r)
     project_run = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
     assert torch_run < project_run and '--index-url "${TORCH_INDEX_URL}"' in runs[torch_run]
     args = build_args(path)
-    pinned = re.search(r"torch==([\w.]+)", (ROOT / "scripts" / "setup.sh").read_text())[1]
+    pinned = re.search(r"torch==([\w.]+)", (ROOT / "scripts" / "install_torch.sh").read_text())[1]
     assert args["TORCH_VERSION"] == pinned
     index = args["TORCH_INDEX_URL"].replace("${TORCH_CUDA}", args.get("TORCH_CUDA", ""))
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/" + ("cu\\d+" if path.suffix == ".cuda" else "cpu"),
