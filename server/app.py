@@ -68,6 +68,8 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
     allowed_hosts: tuple[str, ...] = ()  # HTTP Host names served beside loopback ones; ("*",) = any (http_extras)
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
+    ssl_keyfile: Optional[str] = None  # TLS on both doors (PEM files), with ssl_certfile; None = plaintext
+    ssl_certfile: Optional[str] = None
     warmup: bool = True
 
     def __post_init__(self) -> None:
@@ -143,7 +145,7 @@ class CelerisServer:
             reflection.SERVICE_NAME], self.grpc)
         if s.port != 0:  # gRPC core would print its own error line for a taken port: ask the OS first
             _free(s.host, s.port, "gRPC")
-        self.port = _bound(lambda: self.grpc.add_insecure_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)
+        self.port = _bound(lambda: self._add_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)
         await self.health.set(False)
         await self.grpc.start()
         if s.metrics_port is not None:
@@ -163,6 +165,15 @@ class CelerisServer:
         log.info("server.started", port=self.port, model=s.model_names(self.llm.name)[0],
                  http_port=self.http.port if self.http else None)
         return self.port
+
+    def _add_port(self, address: str) -> int:
+        """The gRPC port, with TLS server credentials when the settings name a key and certificate."""
+        s = self.settings
+        if s.ssl_certfile is None:
+            return self.grpc.add_insecure_port(address)
+        with open(s.ssl_keyfile, "rb") as key, open(s.ssl_certfile, "rb") as chain:
+            creds = grpc.ssl_server_credentials([(key.read(), chain.read())])
+        return self.grpc.add_secure_port(address, creds)
 
     def _cannot_serve(self) -> None:
         """The engine can no longer serve (its step worker died): NOT_SERVING, so balancers and

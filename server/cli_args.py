@@ -56,7 +56,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--download-dir", default=None, metavar="DIR",
                     help="Hugging Face id: the cache folder to read and download into (default huggingface_hub's)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default %(default)s)")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                    help="auto = the checkpoint's (config.json torch_dtype), as vLLM (default %(default)s)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the CPUs this process may use: affinity mask and cgroup CPU quota)")
     ap.add_argument("--kv-cache", default="none", choices=("none", "prefix", "dual"),
                     help="Fast-dLLM approximate KV cache for requests that do not choose one (default %(default)s)")

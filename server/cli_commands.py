@@ -13,6 +13,7 @@ from typing import Optional
 from celeris.engine.errors import EngineError
 from celeris.server.cli_args import add_model_args, engine_config_from_args
 from celeris.server.cli_model import model_from_args
+from celeris.server.cli_vllm import add_vllm_args, apply_to_model, origins, tls_files
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the model, as `vllm serve MODEL` takes it: the same as --model")
     add_model_args(sv)
     add_serve_args(sv)
+    add_vllm_args(sv)  # after add_serve_args: --max-num-seqs shares --max-batch's dest and default
     sv.set_defaults(func=cmd_serve)
 
 
@@ -181,6 +183,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
 
     check_api_key(a.api_token)  # before the model loads: a bad setting fails at once
     source = model_from_args(a)  # --device cuda without CUDA: one line; a Hub id: its cached snapshot
+    tls_files(a)  # unreadable or half-given TLS files fail before the model loads
+    allowed_origins = origins(a.allowed_origins)
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
@@ -192,6 +196,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     # team; a second thread's forwards ran 2x slower on 2 CPUs).
     thread = TensorThread()
     llm = thread.call(LLM.load, source.path, cfg)
+    apply_to_model(llm, a)  # --chat-template, --generation-config
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
         from celeris.engine.sim_runner import simulate
 
@@ -206,8 +211,9 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               max_health_watches_per_client=a.max_health_watches_per_client,
                               max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
                               header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
-                              allowed_origins=tuple(a.allowed_origins or ()), allowed_hosts=tuple(a.allowed_hosts or ()),
-                              served_model_names=served_names(a.served_model_names, source.repo_id))
+                              allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
+                              served_model_names=served_names(a.served_model_names, source.repo_id),
+                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile)
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:
         lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))

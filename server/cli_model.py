@@ -92,4 +92,8 @@ def model_from_args(a) -> ModelSource:
     if positional is not None and a.model is not None and positional != a.model:
         raise EngineError(f"two models named: {positional} and --model {a.model}; give one")
     check_device(a.device)
-    return resolve_model(positional or a.model, getattr(a, "revision", None), getattr(a, "download_dir", None))
+    source = resolve_model(positional or a.model, getattr(a, "revision", None), getattr(a, "download_dir", None))
+    from celeris.server.cli_vllm import resolve_dtype
+
+    resolve_dtype(a, source.path)  # --dtype auto: the checkpoint's, known once the folder is
+    return source

@@ -27,7 +27,9 @@ from celeris.engine.sequence import Sequence, StepEvent
 from celeris.server import openai_api
 from celeris.server.errors import RequestTimeout, error_body
 from celeris.server.http_body import read_json
-from celeris.server.http_transport import JsonErrorRunner, listening_socket
+from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
+from celeris.server.http_vllm import PATHS as VLLM_PATHS
+from celeris.server.http_vllm import VllmRoutes
 from celeris.server.guard import Guard
 from celeris.server.http_extras import Cors, HostCheck, TokenizerRoutes, add_metrics_route
 from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
@@ -35,8 +37,8 @@ from celeris.server.openai_responses import Responder, merge_finals, sse, usage_
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = ("/", "/health", "/version", "/metrics")  # no token needed: the page asks for one, probes and scrapers have none
-PROBE_PATHS = ("/health",)
+PUBLIC_PATHS = ("/", "/health", "/version", "/metrics", *VLLM_PATHS)  # no token needed: the page asks for one, probes and scrapers have none
+PROBE_PATHS = ("/health", "/ping")
 ENDING_S = 2.0  # after the shutdown grace: time for handlers to write their endings before they are cut
 
 
@@ -97,6 +99,7 @@ class HttpGateway:
         if cors.allowed:
             app.on_response_prepare.append(cors.on_prepare)
         TokenizerRoutes(self).add_to(app)
+        VllmRoutes(self).add_to(app)  # /ping, /openapi.json
         if getattr(self.settings, "metrics_on_http", False):
             add_metrics_route(app, self.lifecycle.telemetry.metrics.registry)
         app.router.add_get("/", self.page)
@@ -122,7 +125,8 @@ class HttpGateway:
         except BaseException:
             await self._runner.cleanup()
             raise
-        await web.SockSite(self._runner, sock).start()
+        tls = tls_context(s.ssl_certfile, s.ssl_keyfile) if getattr(s, "ssl_certfile", None) else None
+        await web.SockSite(self._runner, sock, ssl_context=tls).start()
         self.port = sock.getsockname()[1]
         log.info("http.started", port=self.port)
 

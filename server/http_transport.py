@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import ssl
 from http import HTTPStatus
 from typing import Optional
 
@@ -84,3 +85,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
     raise error
 
 
+
+
+def tls_context(certfile: Optional[str], keyfile: Optional[str]) -> Optional[ssl.SSLContext]:
+    """The gateway's TLS context (--ssl-certfile/--ssl-keyfile), or None for plain HTTP."""
+    if certfile is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx

@@ -62,7 +62,8 @@ def _host(host: str) -> str:
 def summary(server: Any, settings: Any, llm: Any, threads: int) -> dict[str, Any]:
     """One record: every address a person or a client needs, and what the server runs."""
     host = _host(settings.host)
-    http = f"http://{host}:{server.http.port}" if server.http is not None else None
+    scheme = "https" if getattr(settings, "ssl_certfile", None) else "http"
+    http = f"{scheme}://{host}:{server.http.port}" if server.http is not None else None
     metrics_port = server.metrics_port
     metrics = [f"http://{_host(settings.metrics_host or settings.host)}:{metrics_port}/metrics"] if metrics_port else []
     if http and settings.metrics_on_http:
@@ -70,7 +71,7 @@ def summary(server: Any, settings: Any, llm: Any, threads: int) -> dict[str, Any
     return {"grpc_target": f"{host}:{server.port}", "http_base_url": f"{http}/v1" if http else None,
             "page_url": f"{http}/" if http else None, "metrics_url": ", ".join(metrics) or None,
             "model": settings.model_names(llm.name)[0], "device": llm.config.device, "dtype": llm.config.dtype,
-            "threads": threads, "bind": settings.host}
+            "threads": threads, "bind": settings.host, "tls": scheme == "https"}
 
 
 def log_startup(log: Any, server: Any, settings: Any, llm: Any, threads: int,

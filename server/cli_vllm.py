@@ -1,0 +1,92 @@
+"""vLLM's `serve` flags under vLLM's names and meanings, where Celeris has the same thing:
+`--max-num-seqs` (= --max-batch), `--dtype auto` (the checkpoint's dtype), `--chat-template`,
+`--generation-config`, `--allowed-origins '["*"]'` (vLLM's JSON-list form) and
+`--ssl-keyfile/--ssl-certfile` (TLS on both doors). What is left out, and why, is the "coming
+from vLLM" table of docs/http.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from celeris.engine.errors import EngineError
+
+_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def add_vllm_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--max-num-seqs", dest="max_batch", type=int, help="vLLM's name for --max-batch")
+    ap.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                    help="a Jinja chat template (a file, or the template itself) instead of the tokenizer's")
+    ap.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                    help="sampling defaults: auto = the model's generation_config.json, vllm = the family's own "
+                         "defaults, ignoring the file; FOLDER = that folder's generation_config.json")
+    ap.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM) for both doors, with --ssl-certfile")
+    ap.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM) for both doors")
+
+
+def origins(given: Optional[Sequence[str]]) -> tuple[str, ...]:
+    """--allowed-origins as Celeris takes it (several words) or as vLLM does (one JSON list,
+    `'["*"]'`): a word that parses as a JSON list of strings stands for its items."""
+    out: list[str] = []
+    for word in given or ():
+        if word.lstrip().startswith("["):
+            try:
+                items = json.loads(word)
+            except ValueError:
+                raise EngineError(f"--allowed-origins {word!r}: not a JSON list of origins") from None
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise EngineError(f"--allowed-origins {word!r}: not a JSON list of origins")
+            out += items
+        else:
+            out.append(word)
+    return tuple(dict.fromkeys(out))
+
+
+def checkpoint_dtype(folder: Path) -> str:
+    """The dtype a checkpoint's config.json names (`torch_dtype`, or `dtype` in newer
+    transformers), float32 when it names none or one Celeris cannot run."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").removeprefix("torch.")
+    return _DTYPES.get(name, "float32")
+
+
+def resolve_dtype(a: argparse.Namespace, path: Optional[str]) -> None:
+    """`--dtype auto` becomes the checkpoint's dtype (in place, before the engine config is built)."""
+    if getattr(a, "dtype", None) == "auto":
+        from celeris.engine.llm import model_folder
+
+        a.dtype = checkpoint_dtype(model_folder(path))
+
+
+def tls_files(a: argparse.Namespace) -> Optional[tuple[bytes, bytes]]:
+    """(key, certificate chain) PEM bytes, or None for plaintext; both or neither."""
+    if (a.ssl_keyfile is None) != (a.ssl_certfile is None):
+        raise EngineError("--ssl-keyfile and --ssl-certfile go together")
+    if a.ssl_keyfile is None:
+        return None
+    try:
+        return Path(a.ssl_keyfile).read_bytes(), Path(a.ssl_certfile).read_bytes()
+    except OSError as e:
+        raise EngineError(f"TLS: cannot read {e.filename}: {e.strerror}") from None
+
+
+def apply_to_model(llm: Any, a: argparse.Namespace) -> None:
+    """--chat-template and --generation-config on a loaded model."""
+    if a.chat_template is not None:
+        path = Path(a.chat_template)
+        llm.tokenizer.chat_template = path.read_text() if path.is_file() else a.chat_template
+    if a.generation_config == "vllm":
+        llm.requests.defaults = llm.family.base_params().validate()
+    elif a.generation_config != "auto":
+        from celeris.engine.llm import model_defaults
+
+        folder = Path(a.generation_config)
+        if not (folder / "generation_config.json").is_file():
+            raise EngineError(f"--generation-config {folder}: no generation_config.json there")
+        llm.requests.defaults = model_defaults(folder, llm.model_config)
