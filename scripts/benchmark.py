@@ -65,6 +65,19 @@ class Run:
         return self.correct / self.problems if self.problems and self.workload == "skill" else None
 
 
+def key_length(L: int, cache) -> int:
+    """Keys each of the L queries run attends to, per kind of cache (engine/model.py, cache.py):
+    a KVCache's whole row (its fresh columns replaced, not added), a CanvasCache's last `L`
+    columns of the slot store, a BlockCache's first `length` (committed blocks and this one)."""
+    if cache is None:
+        return L
+    if hasattr(cache, "keys"):  # KVCache
+        return cache.keys[0].shape[2]
+    if hasattr(cache, "length"):  # BlockCache
+        return cache.length
+    return cache.L  # CanvasCache
+
+
 class FlopCounter:
     """Analytic forward FLOPs from the shapes each forward sees (matmuls only)."""
 
@@ -79,8 +92,7 @@ class FlopCounter:
         cfg = module.cfg
         ids = args[0]
         B, L = ids.shape
-        cache = kwargs.get("cache")
-        Lk = L + (0 if cache is None else cache.keys[0].shape[2])
+        Lk = key_length(L, kwargs.get("cache"))
         out_index = kwargs.get("out_index")
         W = L if out_index is None else out_index.shape[1]
         attn = 4 * cfg.n_layers * B * L * Lk * cfg.d_model

@@ -1,6 +1,6 @@
 """Where the server's step thread spends its time under streaming load: the model's forward's
-share of the step worker's busy time, sampled with py-spy (`pip install py-spy`; a dev tool,
-not a dependency).
+share of the step worker's busy time, sampled with py-spy (in the dev extra: `pip install -e '.[dev]'`).
+Stopped early (Ctrl-C, SIGTERM, SIGHUP) it stops its server and client processes before it exits.
 
     python scripts/profile_step_thread.py                          # celeris-tiny-block, 16 delta streams, 15 s
     python scripts/profile_step_thread.py --model celeris-tiny --kv-cache dual --seconds 20
@@ -23,6 +23,7 @@ import argparse
 import collections
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,8 +86,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if shutil.which("py-spy") is None:
-        print("py-spy is not installed: pip install py-spy", file=sys.stderr)
+        print("py-spy is not installed: pip install py-spy (it is in the dev extra)", file=sys.stderr)
         return 2
+    stop_on_signals()
     with tempfile.TemporaryDirectory(prefix="profile-step-") as tmp, ClientProcess() as client, \
             ServeProcess(None, args.threads, args.concurrency, args.kv_cache, Path(tmp) / "server.log",
                          max_gen_length=args.gen_length, extra=("--model", args.model)) as server:
@@ -113,6 +115,17 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end this process with SystemExit, as Ctrl-C does with KeyboardInterrupt,
+    so the `with` blocks stop the server and the client; by default they end it at once and leave
+    `celeris serve` running with nobody to stop it."""
+    def leave(signum: int, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,46 @@ def test_samples_are_split_by_where_the_step_thread_is():
         "garbage line",
     ])
     assert _split(raw) == {"idle": 7, "forward": 30, "runner": 9, "other": 4}
+
+
+def test_a_stopped_profile_stops_its_server():
+    """SIGTERM while py-spy samples: the script exits and its `celeris serve` child is gone."""
+    import os
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    import pytest
+
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed (the dev extra installs it)")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "profile_step_thread.py"), "--model", "celeris-tiny",
+                             "--seconds", "120", "--threads", "1", "--concurrency", "1", "--gen-length", "32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not (m := re.search(r"sampling the server \(pid (\d+)\)", "".join(lines))):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        server = int(m[1])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(server), f"celeris serve (pid {server}) outlived its profile"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a reaped child's pid is gone; an unreaped one is 'Z')."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
