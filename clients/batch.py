@@ -125,6 +125,22 @@ def to_stream(out_path: Path) -> bool:
     return str(out_path) == "-" or (out_path.exists() and not out_path.is_file())
 
 
+def set_aside_torn_line(out_path: Path, err: TextIO) -> None:
+    """A run killed mid-write leaves a last line without its newline. Move it to OUT.torn and cut
+    the output back to its last whole line, so every line of OUT parses and the item runs again."""
+    with open(out_path, "rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        torn = out_path.with_name(out_path.name + ".torn")
+        with open(torn, "ab") as aside:
+            aside.write(data[keep:] + b"\n")
+        f.truncate(keep)
+    print(f"batch: {out_path}: its last line was cut off by an interrupted run ({len(data) - keep} bytes); "
+          f"moved to {torn}", file=err)
+
+
 @contextlib.contextmanager
 def _open_output(out_path: Path) -> Iterator[TextIO]:
     if str(out_path) == "-":
@@ -134,11 +150,7 @@ def _open_output(out_path: Path) -> Iterator[TextIO]:
         with open(out_path, "w", encoding="utf-8") as out:
             yield out
         return
-    with open(out_path, "a+", encoding="utf-8") as out:
-        if out.tell() > 0:  # a run killed mid-write may have left a torn line: start a fresh one
-            out.seek(out.tell() - 1)
-            if out.read(1) != "\n":
-                out.write("\n")
+    with open(out_path, "a", encoding="utf-8") as out:  # a torn last line was set aside before
         yield out
 
 
@@ -208,6 +220,8 @@ async def run_batch(client: AsyncCelerisClient, in_path: Path, out_path: Path, *
                     err: Optional[TextIO] = None, retry_window_s: float = RETRY_WINDOW_S) -> Summary:
     err = err or sys.stderr
     items, bad = read_items(in_path, defaults or {}, err)
+    if not to_stream(out_path) and out_path.is_file():
+        set_aside_torn_line(out_path, err)
     finished = done_ids(out_path)
     todo = [it for it in items if it.id not in finished]
     summary = Summary(total=len(items), skipped=len(items) - len(todo), bad_lines=bad)
