@@ -70,6 +70,7 @@ class SlotSpec:
     capacity: int
     grammar: str
     filler: int
+    path: str = ""  # the field or schema path it serves, named in its errors
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class Compiler:
         if need > gen_length:
             raise StructureError(f, f"its matches can take {need} tokens; the canvas (max_tokens) has {gen_length}")
         grammar = self._grammar(regex, f, r"[\x00-\x7f]*" if regex.isascii() else None)
-        return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id),),
+        return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f),),
                       self.tok.eos_id)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
@@ -213,7 +214,7 @@ class Compiler:
             if len(canvas) > gen_length:
                 raise StructureError(f, f"the schema needs more than {gen_length} canvas tokens (max_tokens)")
         slots = tuple(SlotSpec(start, part.max_bytes, self._grammar(part.regex, part.path, part.within),
-                               self.json_filler) for start, part in placed)
+                               self.json_filler, part.path) for start, part in placed)
         tail = min(self.tok.stop_ids) if self.tok.stop_ids else self.tok.eos_id
         return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), slots, tail)
 
@@ -254,16 +255,18 @@ class Constraint:
             for k, p in enumerate(fronts):
                 self.fill(p, words[k])
                 if not words[k].any():
-                    raise self.failure(f"no token can continue it at output position {p}")
+                    raise self.failure(f"no token can continue it at output position {p}", self._by_front[p])
         except InvalidRequest:
             raise
         except Exception as e:  # llguidance's own error text quotes the state: the type names it
             raise self.failure(f"the constraint library failed ({type(e).__name__})") from None
         return [col_of[p] for p in fronts], words
 
-    def failure(self, reason: str) -> InvalidRequest:
-        """This request's error when its structure cannot go on: names its own field only."""
-        return InvalidRequest([FieldViolation(self.field, f"the structure cannot be served: {reason}")])
+    def failure(self, reason: str, slot: Optional[int] = None) -> InvalidRequest:
+        """This request's error when its structure cannot go on: names its own field (the slot's
+        schema path where known) and nothing else."""
+        path = self.layout.slots[slot].path if slot is not None else ""
+        return InvalidRequest([FieldViolation(path or self.field, f"the structure cannot be served: {reason}")])
 
     def fill(self, pos: int, words: np.ndarray) -> None:
         """Write the tokens the slot whose front is `pos` may commit there into `words`, a
@@ -300,7 +303,7 @@ class Constraint:
             self._by_front.update((p, i) for p in range(pos + 1, end))
             return
         if not self._matchers[i].consume_token(token):  # the mask allowed it: its matcher broke
-            raise self.failure(f"its matcher refused token {token} at output position {pos}")
+            raise self.failure(f"its matcher refused token {token} at output position {pos}", i)
         if pos + 1 < end:
             self._by_front[pos + 1] = i
 
