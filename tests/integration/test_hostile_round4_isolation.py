@@ -69,7 +69,8 @@ def nan_row(served, monkeypatch):
 def _grpc(live: LiveServer, model: str, prompt: str, seed: int, bad: Optional[tuple] = None) -> tuple:
     so = None
     if bad is not None:
-        so = pb.StructuredOutput(regex=bad[1]) if bad[0] == "regex" else pb.StructuredOutput(json_schema=json.dumps(bad[1]))
+        text = bad[1] if bad[0] == "json_text" else json.dumps(bad[1])  # json_text: a schema's JSON as sent
+        so = pb.StructuredOutput(regex=bad[1]) if bad[0] == "regex" else pb.StructuredOutput(json_schema=text)
     req = pb.GenerateRequest(prompt=prompt, gen_length=32, steps=32, block_length=16, seed=seed, temperature=1.0,
                              structured_output=so)
     with grpc.insecure_channel(live.grpc_target) as ch:
@@ -84,7 +85,7 @@ def _http(live: LiveServer, model: str, prompt: str, seed: int, bad: Optional[tu
     body: dict = {"model": model, "prompt": prompt, "max_tokens": 32, "steps": 32, "block_length": 16, "seed": seed,
                   "temperature": 1.0}
     if bad is not None:
-        body["structured_outputs"] = {bad[0]: bad[1]}
+        body["structured_outputs"] = {"json" if bad[0] == "json_text" else bad[0]: bad[1]}
     conn = http.client.HTTPConnection("127.0.0.1", int(live.http_url.rsplit(":", 1)[1]), timeout=600)
     try:
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -148,3 +149,15 @@ def test_bad_shapes_and_a_nan_row_beside_twelve_running_requests(served, nan_row
     good, bad = _round(call, live, name, BAD + ["nan"])
     assert good == alone, name
     _check_bad(door, bad)
+
+
+@pytest.mark.parametrize("door", ["grpc", "http"])
+def test_a_schema_nested_thousands_deep_is_refused_naming_the_limit(served, door):
+    """Issue 40 item 3: a JSON-string schema nested thousands deep was a RecursionError (HTTP 500,
+    gRPC UNKNOWN); now 400 / INVALID_ARGUMENT naming the nesting limit, and the server serves on."""
+    name, _, live = served
+    deep = "[" * 16000 + "]" * 16000
+    call = _grpc if door == "grpc" else _http
+    out = call(live, name, "x", 1, ("json_text", deep))
+    assert out[1] in ("INVALID_ARGUMENT", 400) and f"{constraint.MAX_SCHEMA_NESTING} deep" in out[2], out
+    assert call(live, name, "It was", 1)[0] == "ok"
