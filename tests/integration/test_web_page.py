@@ -267,7 +267,8 @@ def test_browser_marks_a_revising_models_cells_as_they_change(browser, tmp_path_
         fill(browser, "prompt", "w5 w6 w7")
         for field, value in (("max_tokens", "16"), ("max_denoising_steps", "5"), ("seed", "3")):
             fill(browser, field, value)
-        browser.find_element("css selector", "#revising summary").click()  # the revising knobs' group
+        WebDriverWait(browser, 30).until(lambda d: d.find_element("id", "t_max").is_displayed())  # its family's knobs
+        assert not browser.find_element("id", "temperature").is_displayed()  # a mask model's are hidden
         for field, value in (("t_max", "0.9"), ("stability_threshold", "2")):
             fill(browser, field, value)
         sent = browser.execute_script("return knobs()")  # the body the page sends
