@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import secrets
 import uuid
 from dataclasses import dataclass, replace
@@ -59,6 +60,8 @@ class Requests:
 
     def __init__(self, tokenizer: Tokenizer, config: EngineConfig, defaults: SamplingParams, family: Family):
         self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
+        # Seeds of requests that give none: the OS's, or a seeded generator (serve --seed) for a reproducible run.
+        self.seeds: random.Random = secrets.SystemRandom()
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
         self._compiler: Optional[Compiler] = None  # built on the first structured request
         # Structured requests are built (their grammars compiled) on a thread of their own: a
@@ -266,7 +269,7 @@ class Requests:
                   constraint: Optional[Constraint] = None) -> Sequence:
         """The decoding state of a validated request, with a seed when none was given."""
         if params.seed is None:
-            params = params.with_seed(secrets.randbits(63))
+            params = params.with_seed(self.seeds.getrandbits(63))
         rid = request_id or uuid.uuid4().hex
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.stop_ids)
         stops = dict(stop_ids=stop_ids, mask_id=self.tokenizer.mask_id,

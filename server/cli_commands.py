@@ -13,7 +13,7 @@ from typing import Optional
 from celeris.engine.errors import EngineError
 from celeris.server.cli_args import add_model_args, engine_config_from_args
 from celeris.server.cli_model import model_from_args
-from celeris.server.cli_vllm import add_vllm_args, apply_to_model, origins, tls_files
+from celeris.server.cli_vllm import add_vllm_args, apply_model_len, apply_to_model, origins, tls_files
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -184,6 +184,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     check_api_key(a.api_token)  # before the model loads: a bad setting fails at once
     source = model_from_args(a)  # --device cuda without CUDA: one line; a Hub id: its cached snapshot
     tls_files(a)  # unreadable or half-given TLS files fail before the model loads
+    apply_model_len(a)  # --max-model-len as the prompt and canvas limits
     allowed_origins = origins(a.allowed_origins)
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event

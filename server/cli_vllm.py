@@ -1,13 +1,16 @@
 """vLLM's `serve` flags under vLLM's names and meanings, where Celeris has the same thing:
 `--max-num-seqs` (= --max-batch), `--dtype auto` (the checkpoint's dtype), `--chat-template`,
 `--generation-config`, `--allowed-origins '["*"]'` (vLLM's JSON-list form) and
-`--ssl-keyfile/--ssl-certfile` (TLS on both doors). What is left out, and why, is the "coming
+`--ssl-keyfile/--ssl-certfile` (TLS on both doors), `--max-model-len` (prompt + generated tokens,
+mapped onto the prompt and canvas limits) and `--seed` (the seeds of requests that give none are
+drawn from a generator seeded with it). What is left out, and why, is the "coming
 from vLLM" table of docs/http.md."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -25,6 +28,34 @@ def add_vllm_args(ap: argparse.ArgumentParser) -> None:
                          "defaults, ignoring the file; FOLDER = that folder's generation_config.json")
     ap.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM) for both doors, with --ssl-certfile")
     ap.add_argument("--ssl-certfile", default=None, help="TLS certificate chain (PEM) for both doors")
+    ap.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                    help="most prompt + generated tokens of a request: sets --max-gen-length to at most N/2 and "
+                         "--max-prompt-tokens to the rest; at most the model's own limit")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="requests without a seed get theirs from a generator seeded with this, so a restarted "
+                         "server answers the same requests in the same order the same way (default: the OS's)")
+
+
+def apply_model_len(a: argparse.Namespace) -> None:
+    """--max-model-len N as the prompt and canvas limits (in place, before the engine config is
+    built): the canvas keeps --max-gen-length up to N // 2, the prompt gets the rest, so the
+    limits' sum, what /v1/models reports as max_model_len, is N."""
+    n = getattr(a, "max_model_len", None)
+    if n is None:
+        return
+    if n < 2:
+        raise EngineError(f"--max-model-len {n}: at least 2 (one prompt token and one generated)")
+    a.max_gen_length = min(a.max_gen_length, n // 2)
+    a.max_prompt_tokens = n - a.max_gen_length
+
+
+def check_model_len(llm: Any, a: argparse.Namespace) -> None:
+    """--max-model-len past the model's own limit (its config's max_position_embeddings) is a
+    start-up error, as in vLLM."""
+    n, own = getattr(a, "max_model_len", None), getattr(llm.model_config, "max_sequence_length", None)
+    if n is not None and own is not None and n > own:
+        raise EngineError(f"--max-model-len {n} is more than {llm.name}'s own limit of {own} tokens "
+                          f"(max_position_embeddings in its config.json); give at most {own}")
 
 
 def origins(given: Optional[Sequence[str]]) -> tuple[str, ...]:
@@ -77,7 +108,10 @@ def tls_files(a: argparse.Namespace) -> Optional[tuple[bytes, bytes]]:
 
 
 def apply_to_model(llm: Any, a: argparse.Namespace) -> None:
-    """--chat-template and --generation-config on a loaded model."""
+    """--max-model-len's check, --seed, --chat-template and --generation-config on a loaded model."""
+    check_model_len(llm, a)
+    if getattr(a, "seed", None) is not None:
+        llm.requests.seeds = random.Random(a.seed)
     if a.chat_template is not None:
         path = Path(a.chat_template)
         llm.tokenizer.chat_template = path.read_text() if path.is_file() else a.chat_template
