@@ -51,13 +51,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 @dataclass(frozen=True)
 class RowSpan:
     """The real queries [q0, q1) and keys [k0, k1) of one row, and which of them may meet:
-    `allowed` (q1-q0, k1-k0) bool, or None for all (bidirectional)."""
+    `allowed` (q1-q0, k1-k0) bool, or None for all (bidirectional). `block` > 0: block-causal
+    (a prompt's prefill), queries at absolute positions k1 - (q1 - q0) ..., whole blocks."""
 
     q0: int
     q1: int
     k0: int
     k1: int
     allowed: Optional[torch.Tensor] = None
+    block: int = 0
 
 
 def left_padded_spans(key_mask: torch.Tensor, n_queries: int) -> list[RowSpan]:
@@ -95,13 +97,8 @@ class Spans:
 
     def rows(self) -> list[RowSpan]:
         """The same spans row by row (one host read), for the per-row kernel calls."""
-        out = []
-        for w, e, c in zip(self.q_len.tolist(), self.k_end.tolist(), self.causal.tolist()):
-            allowed = None
-            if c:
-                allowed = torch.arange(e)[None, :] // c <= torch.arange(e - w, e)[:, None] // c
-            out.append(RowSpan(0, w, 0, e, allowed))
-        return out
+        return [RowSpan(0, w, 0, e, None, c)
+                for w, e, c in zip(self.q_len.tolist(), self.k_end.tolist(), self.causal.tolist())]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.Tensor | Sequence[torch.Tensor],
@@ -114,6 +111,9 @@ def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.T
     shares (the masked batched kernel rounds differently in bfloat16). Padded queries give zeros.
     k and v may then be per-row tensors (1, Hk, >= k1, Dh), views of a cache read in place.
     `Spans` give one masked kernel over the batch, of static shape (CUDA graphs).
+    A block-causal span attends one block of queries at a time over exactly the keys it sees
+    (`_block_causal`), so a prompt block's keys/values do not depend on the chunk it was
+    prefilled in: what makes the prefix cache (engine/prefix_cache.py) exact.
     """
     if isinstance(mask, Spans):
         mask = mask.mask(q.shape[2], k.shape[2])
@@ -123,7 +123,22 @@ def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.T
     for i, s in enumerate(mask):
         allowed = None if s.allowed is None else s.allowed.to(q.device)
         ki, vi = (k[i], v[i]) if isinstance(k, (list, tuple)) else (k[i:i + 1], v[i:i + 1])
+        if s.block:
+            _block_causal(q[i:i + 1], ki, vi, s, gqa, out[i:i + 1])
+            continue
         out[i:i + 1, :, s.q0:s.q1] = F.scaled_dot_product_attention(
             q[i:i + 1, :, s.q0:s.q1], ki[:, :, s.k0:s.k1], vi[:, :, s.k0:s.k1],
             attn_mask=allowed, enable_gqa=gqa)
     return out
+
+
+def _block_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: RowSpan, gqa: bool, out: torch.Tensor) -> None:
+    """One row's block-causal attention, block by block: the queries of the block at absolute
+    [a, a + c) see keys [0, a + c), all of them, so each call is unmasked and its shape (and its
+    rounding) depends only on the block's position, never on how many blocks share the forward.
+    q, out (1, H, Lq, Dh); k, v (1, Hk, >= k1, Dh)."""
+    c, first = s.block, s.k1 - (s.q1 - s.q0)  # chunks start on a block boundary
+    for a in range(first, s.k1, c):
+        j = s.q0 + a - first
+        out[:, :, j:j + c] = F.scaled_dot_product_attention(q[:, :, j:j + c], k[:, :, :a + c], v[:, :, :a + c],
+                                                           enable_gqa=gqa)

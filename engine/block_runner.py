@@ -30,11 +30,13 @@ import torch
 from celeris.engine.attention import Spans
 from celeris.engine.block_sequence import DENOISE, PREFILL, BlockSequence
 from celeris.engine.cache import BlockCache, BlockKVStore
+from celeris.engine.chunked_prefill import cap_prefill_chunks
 from celeris.engine.config import EngineConfig
 from celeris.engine.family import Family, family_of
 from celeris.engine.graphs import GraphCache, use_graph
 from celeris.engine.model import MaskPredictor
-from celeris.engine.moe import MoE
+from celeris.engine.moe import ROW_ALIGN, MoE
+from celeris.engine.prefix_cache import slot_prefixes
 from celeris.engine.runner_api import EMPTY, RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
 from celeris.engine.sampler import published_order, select_tokens, with_edits
 from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, Window
@@ -52,8 +54,9 @@ class BlockRunner:
         self.max_len = config.max_prompt_tokens + 2 * config.max_gen_length
         self.tokens = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
         # Scratch columns past max_len take padded fresh positions (a prefill chunk is the widest).
-        scratch = max(config.prefill_chunk, config.max_gen_length)
+        scratch = max(config.prefill_chunk, config.max_gen_length) + ROW_ALIGN
         self.kv = model.kv_store(BlockKVStore, self.slots + 1, self.max_len, scratch=scratch)
+        self.prefixes = slot_prefixes(config, self.kv, self.device)  # None: no prefix cache
         # The static-shape path (batch buckets, one masked kernel per layer, the MoE's static
         # experts) is what a CUDA graph captures; on CUDA it always runs, replayed from graphs
         # where the bucket policy says so. On the CPU rows attend one by one over views of the
@@ -106,6 +109,8 @@ class BlockRunner:
         if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
             row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
         self.tokens[seq.slot].copy_(row.to(self.device))
+        if self.prefixes is not None:  # the prompt's cached blocks: prefill only the rest
+            self.prefixes.load(seq)
 
     @property
     def overlaps_host(self) -> bool:
@@ -117,6 +122,7 @@ class BlockRunner:
              ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         forwards, widest, graphed, reads = 0, (0, 0, 0), False, []
+        cap_prefill_chunks(seqs, self.config.chunked_prefill)
         for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
                       [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
             if not group:
@@ -124,6 +130,8 @@ class BlockRunner:
             rows = [seqs[i] for i in group]
             self._graphed = False
             reads.append((group, self._forward(rows)))
+            if self.prefixes is not None and rows[0].phase == PREFILL:  # its keys/values are in the slots now
+                self.prefixes.offer(rows)
             forwards += 1
             graphed |= self._graphed
             B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
@@ -139,6 +147,8 @@ class BlockRunner:
         windows = [s.window for s in rows]
         B, Wq, Lc = len(rows), max(e - s for s, e in windows), max(e for _, e in windows)
         prefill = all(s.phase == PREFILL for s in rows)
+        if prefill:  # B * Wq a multiple of ROW_ALIGN: a prompt block's keys/values round alike in any chunk
+            Wq += -Wq % ROW_ALIGN
         static = self.static and not prefill  # prefill chunks run eager at their exact shape
         Bp = self.config.bucket_batch(B) if static else B
         geo = [[s.slot, start, end - start, s.params.block_length if s.phase == PREFILL else 0]
@@ -194,7 +204,7 @@ class BlockRunner:
         dev = self.device
         denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
         candidate = real & (ids == self.mask_id) & denoise[:, None]
-        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.nfe, s.stop_ids, edits=s.edits_now)
+        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.noise_step, s.stop_ids, edits=s.edits_now)
                                      for s in rows], B, self.model.cfg.vocab_size, dev)
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)

@@ -44,6 +44,9 @@ EDIT_STEP_FACTOR = 4  # edits stop after this many times a block's planned steps
 class BlockSequence(Sequence):
     prefill_chunk: int = 256  # most prompt tokens one prefill step takes (rounded to whole blocks)
     edits: bool = False  # the family's LLaDA2.1 loop (see the module doc)
+    cache_salt: str = ""  # the prefix cache's tenant (engine/prefix_cache.py)
+    # This step's cap on the prefill chunk while other rows denoise (engine/chunked_prefill.py); 0: none.
+    step_chunk: int = 0
 
     def __post_init__(self) -> None:
         b, P = self.params.block_length, len(self.prompt)
@@ -59,6 +62,15 @@ class BlockSequence(Sequence):
         self.post_steps = 0  # LLaDA2.1: steps run on the current block since its last mask was filled
         self.phase = PREFILL if self.first_block else DENOISE
         self._schedule = transfer_schedule(b, self.params.steps_per_block)
+        self.prefix_keys: list[bytes] = []  # the prompt's whole blocks' prefix cache keys
+        self.prefill_steps = 0  # prefill forwards run (their count depends on chunking and the cache)
+
+    def skip_prefill(self, tokens: int) -> None:
+        """The prompt's first `tokens` (whole blocks) were copied from the prefix cache: prefill
+        goes on from there (none left: decoding starts at the next step)."""
+        self.prefilled = self.cached_tokens = tokens
+        if tokens >= self.first_block * self.params.block_length:
+            self.phase = DENOISE
 
     # ------------------------------------------------------------------ what the runner reads
 
@@ -108,6 +120,13 @@ class BlockSequence(Sequence):
         return self.block == self.first_block and self.constraint is None and self.mask_id in self.prompt_tail
 
     @property
+    def noise_step(self) -> int:
+        """The step index that keys this row's sampling noise: forwards since prefill ended, so
+        a seeded decode is the same however its prompt was prefilled (in chunks of any size, or
+        partly copied from the prefix cache)."""
+        return self.nfe - self.prefill_steps
+
+    @property
     def decode_blocks(self) -> int:
         return self.total // self.params.block_length - self.first_block
 
@@ -115,7 +134,8 @@ class BlockSequence(Sequence):
     def _chunk(self) -> int:
         """Prompt tokens one prefill step takes: whole blocks, at least one."""
         b = self.params.block_length
-        return max(b, self.prefill_chunk // b * b)
+        chunk = max(b, self.prefill_chunk // b * b)
+        return min(chunk, max(b, self.step_chunk // b * b)) if self.step_chunk else chunk
 
     @property
     def window(self) -> tuple[int, int]:
@@ -140,7 +160,7 @@ class BlockSequence(Sequence):
         """Forwards planned: the prefill chunks, each decoded block's steps (at most one per
         position under a threshold), and a store forward between blocks."""
         b = self.params.block_length
-        prefill = -(-self.first_block * b // self._chunk)
+        prefill = -(-(self.first_block * b - self.cached_tokens) // self._chunk)
         per_block = b if self.params.adaptive else self.params.steps_per_block
         if self.edits:
             per_block = self._block_steps
@@ -176,6 +196,7 @@ class BlockSequence(Sequence):
         self.nfe += 1
         if self.phase == PREFILL:
             self.prefilled = end
+            self.prefill_steps += 1
             if self.prefilled >= self.first_block * self.params.block_length:
                 self.phase = DENOISE
         elif self.phase == STORE:

@@ -324,6 +324,12 @@ class EngineConfig:
     graph_max_tokens: int = 2048
     kv_cache: Literal["none", "prefix", "dual"] = "none"  # full-canvas models; block models keep an exact one
     prefill_chunk: int = 256  # block models: most prompt tokens one request prefills per step
+    # Block models: while other rows denoise, a prefill chunk is capped to their tokens of the step
+    # (engine/chunked_prefill.py), so a long prompt does not stall running streams.
+    chunked_prefill: bool = True
+    # Block models' prefix cache across requests (engine/prefix_cache.py), in bytes: None is the
+    # default (DEFAULT_PREFIX_CACHE_BYTES on the CPU, where its exactness is tested; off on CUDA), 0 off.
+    prefix_cache_bytes: Optional[int] = None
     # What one more forward costs, in tokens of padding: running requests of very different
     # lengths step in separate forwards when that is cheaper (engine/batching.py). None: 256 on
     # CPU, 4096 on CUDA (a GPU forward costs about the same for a few rows as for a full bucket).

@@ -63,6 +63,17 @@ class Router(nn.Module):
         return idx, weights * self.scaling
 
 
+ROW_ALIGN = 4  # CPU GEMMs round a row alike at any row count that is a multiple of this
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x (N, D) padded with zero rows to a multiple of ROW_ALIGN: an expert's rows then round
+    the same whichever other tokens chose it (a prefix-cached prompt block's keys/values equal
+    a cold prefill's, engine/prefix_cache.py); the padded rows are dropped."""
+    pad = -x.shape[0] % ROW_ALIGN
+    return x if not pad else torch.cat([x, x.new_zeros(pad, x.shape[1])])
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -99,7 +110,7 @@ class MoE(nn.Module):
         for e in torch.unique(idx).tolist():
             if e in mine:
                 rows, slots = (idx == e).nonzero(as_tuple=True)
-                out[rows, slots] = self.experts[e - self.first_expert](flat[rows])
+                out[rows, slots] = self.experts[e - self.first_expert](_aligned(flat[rows]))[:len(rows)]
         return out
 
     def _every_expert(self, flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from celeris.engine.tokenizer import Tokenizer
 
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters
+MAX_CACHE_SALT = 256  # characters
 CHAT_ROLES = ("system", "user", "assistant")
 
 
@@ -42,6 +43,7 @@ class Request:
     params: Optional[SamplingParams] = None  # None: the model's defaults
     request_id: str = ""  # empty: one is made up
     structured: Optional[Structured] = None  # structured output (engine/structured), None: free text
+    cache_salt: Optional[str] = None  # the prefix cache's tenant: salts apart never share entries
 
     def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
         """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
@@ -155,9 +157,13 @@ class Requests:
                 constraint = self.constraint(req.structured, params)
             except InvalidRequest as e:
                 v += e.violations
+        if req.cache_salt is not None and (not isinstance(req.cache_salt, str) or len(req.cache_salt) > MAX_CACHE_SALT):
+            v.append(FieldViolation("cache_salt", f"a string of at most {MAX_CACHE_SALT} characters"))
         if v:
             raise InvalidRequest(v)
-        return self._sequence(ids, params, rid, constraint)
+        seq = self._sequence(ids, params, rid, constraint)
+        seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/prefix_cache.py)
+        return seq
 
     def constraint(self, spec: Structured, params: SamplingParams) -> Constraint:
         """A structured output's per-request state (sizes are checked before anything compiles;

@@ -93,6 +93,7 @@ class StepEvent:
     # Set on the last event of a request whose own row-level work failed (Sequence.fail): the
     # error its door raises instead of this event (engine/errors.py: InvalidRequest, RowFailed).
     error: Optional[Exception] = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (engine/prefix_cache.py)
 
     def is_final(self, i: int, mask_id: int) -> bool:
         """Whether canvas position i will never change again (the stream contract above)."""
@@ -127,6 +128,7 @@ class Sequence:
     # The client (API key, else address) whose share of the running slots it counts against
     # (engine/fair_share.py); one call's samples share it. "" = one anonymous owner.
     owner: str = ""
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (block families)
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -232,7 +234,7 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
             stop_text=self.stop_text, provisional=() if self.finished else provisional, revised=revised,
-            revising=self.revising)
+            revising=self.revising, cached_tokens=self.cached_tokens)
 
     def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
         """`committed` with the structure's fixed positions (confidence 1), by position."""

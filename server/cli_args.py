@@ -61,6 +61,13 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the CPUs this process may use: affinity mask and cgroup CPU quota)")
     ap.add_argument("--kv-cache", default="none", choices=("none", "prefix", "dual"),
                     help="Fast-dLLM approximate KV cache for requests that do not choose one (default %(default)s)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                    help="block models: reuse cached prompt blocks across requests, exactly (default: on on the CPU; "
+                         "docs/prefix-cache.md)")
+    ap.add_argument("--prefix-cache-gb", type=float, default=None, metavar="GB",
+                    help="the prefix cache's memory budget in GiB (default 1; 0 turns it off)")
+    ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="block models: prefill a long prompt in chunks between the running requests' steps (default on)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                     help="split the model over N processes, one per device (docs/parallel.md; default 1)")
     ap.add_argument("--expert-parallel", action="store_true",
@@ -75,4 +82,18 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
     return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
                         expert_parallel=getattr(a, "expert_parallel", False),
-                        collective_timeout_s=getattr(a, "collective_timeout", 120.0), **kw)
+                        collective_timeout_s=getattr(a, "collective_timeout", 120.0), **prefill_config(a, kw), **kw)
+
+
+def prefill_config(a: argparse.Namespace, kw: dict) -> dict:
+    """EngineConfig fields of the prefix cache and chunked prefill flags (vLLM's names)."""
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, budget_from_gb
+
+    enable, gb = getattr(a, "enable_prefix_caching", None), getattr(a, "prefix_cache_gb", None)
+    budget = 0 if enable is False else budget_from_gb(gb) if gb is not None else (
+        DEFAULT_PREFIX_CACHE_BYTES if enable else None)
+    out: dict = {"prefix_cache_bytes": budget}
+    if not getattr(a, "enable_chunked_prefill", True):  # a prompt's whole blocks in one forward
+        out.update(chunked_prefill=False, prefill_chunk=kw.get("max_prompt_tokens", EngineConfig.max_prompt_tokens))
+    return out

@@ -103,7 +103,8 @@ def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request
     value = getattr(req.structured_output, kind) if kind else None
     structured = from_fields(kind, value.values if kind == "choice" else value) if kind else None
     return Request(prompt=prompt, token_ids=token_ids, messages=messages, params=sampling_params(req, defaults),
-                   request_id=req.request_id, structured=structured)
+                   request_id=req.request_id, structured=structured,
+                   cache_salt=req.cache_salt if req.HasField("cache_salt") else None)
 
 
 def _enum(value: int, table: dict[int, str], unspecified: int = 0) -> Optional[str]:
@@ -172,7 +173,7 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
     msg.finish_reason = FINISH_TO_PB[ev.finish_reason or FinishReason.LENGTH]
     msg.seed = ev.seed
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
-                                forward_passes=ev.forward_passes))
+                                forward_passes=ev.forward_passes, cached_tokens=ev.cached_tokens))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
     msg.kv_cache = KV_CACHE_TO_PB[ev.kv_cache]
     for token, (lp, top) in zip(msg.tokens, ev.logprobs):  # with logprobs: every generated token

@@ -51,7 +51,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 # stream_options: include_usage adds OpenAI's usage-only last chunk (usage also rides the last choice chunk).
 ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
 OPENAI_KNOBS = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stop")
-EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing")
+EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing", "cache_salt")
 COMMON = (*OPENAI_KNOBS, "stream", "n", "echo", "logprobs", "top_logprobs", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED,
           *STRUCTURED_FIELDS)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
@@ -75,6 +75,7 @@ class GatewayRequest:
     diffusing_format: str = "delta"  # with diffusing: "delta" (changed positions) or "full" (whole canvas)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with empty choices and the usage
     structured: Optional[Structured] = None  # response_format / structured_outputs (server/structured_api.py)
+    cache_salt: Optional[str] = None  # vLLM's: the prefix cache's tenant (docs/prefix-cache.md)
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -211,13 +212,13 @@ def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
     for i, prompt in enumerate(req.prompts):
         if req.chat:
             one = Request(messages=req.messages, params=req.params, request_id=request_id,
-                          structured=req.structured)
+                          structured=req.structured, cache_salt=req.cache_salt)
         elif isinstance(prompt, str):
             one = Request(prompt=prompt, params=req.params, request_id=request_id,
-                          structured=req.structured)
+                          structured=req.structured, cache_salt=req.cache_salt)
         else:
             one = Request(token_ids=prompt, params=req.params, request_id=request_id,
-                          structured=req.structured)
+                          structured=req.structured, cache_salt=req.cache_salt)
         out += one.samples(req.n, first=i * req.n, numbered=numbered)
     return out
 
@@ -285,6 +286,8 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     length_param = "max_completion_tokens" if chat and "max_completion_tokens" in x else "max_tokens"
     if body.get("diffusing") and not body.get("stream"):
         v.append(FieldViolation("diffusing", "needs stream: true"))
+    if body.get("cache_salt") is not None and not isinstance(body.get("cache_salt"), str):
+        v.append(FieldViolation("cache_salt", f"must be a string, got {clip(body.get('cache_salt'))}"))
     if body.get("provisional") is True and body.get("diffusing") not in (True, "delta"):
         v.append(FieldViolation("provisional", 'needs diffusing: true (or "delta"): the predictions ride on delta events'))
     if v:
@@ -303,7 +306,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     diffusing = body.get("diffusing")
     return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
                           length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta",
-                          _include_usage(body), structured)
+                          _include_usage(body), structured, body.get("cache_salt"))
 
 
 def _include_usage(body: dict) -> bool:

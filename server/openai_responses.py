@@ -46,7 +46,12 @@ FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason
 def usage(ev: StepEvent) -> dict[str, Any]:
     gen = len(ev.generated)
     return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": gen, "total_tokens": ev.prompt_tokens + gen,
-            "forward_passes": ev.forward_passes}
+            "forward_passes": ev.forward_passes, "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}
+
+
+def _cached(usages: list[dict[str, Any]]) -> dict[str, int]:
+    """OpenAI's prompt_tokens_details of summed usages: prompt tokens the prefix cache served."""
+    return {"cached_tokens": sum(u.get("prompt_tokens_details", {}).get("cached_tokens", 0) for u in usages)}
 
 
 def seed_text(seed: int) -> str:
@@ -66,7 +71,8 @@ def merge_finals(bodies: list[dict[str, Any]], n: int) -> dict[str, Any]:
     prompt = sum(b["usage"]["prompt_tokens"] for b in bodies[::n])
     completion = sum(b["usage"]["completion_tokens"] for b in bodies)
     body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                     "forward_passes": sum(b["usage"]["forward_passes"] for b in bodies)}
+                     "forward_passes": sum(b["usage"]["forward_passes"] for b in bodies),
+                     "prompt_tokens_details": _cached([b["usage"] for b in bodies[::n]])}
     body["celeris"] = {"choices": [b["celeris"] for b in bodies]}
     return body
 
@@ -81,7 +87,8 @@ def usage_chunk(responders: list["Responder"], n: int) -> Optional[dict[str, Any
     completion = sum(r.usage["completion_tokens"] for r in responders)
     body = first._envelope([], chunk=True)
     body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                     "forward_passes": sum(r.usage["forward_passes"] for r in responders)}
+                     "forward_passes": sum(r.usage["forward_passes"] for r in responders),
+                     "prompt_tokens_details": _cached([r.usage for r in responders[::n]])}
     return body
 
 

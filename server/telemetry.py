@@ -187,6 +187,29 @@ class Metrics:
         return start_http_server(port, addr=host.strip("[]") or "::", registry=self.registry)
 
 
+class PrefixCacheCollector:
+    """The prefix cache's own counters, read at scrape time (engine/prefix_cache.py keeps them, so
+    the step thread pays nothing): hit tokens / queried prompt tokens (vLLM's pair), the bytes it
+    holds against its budget, evictions."""
+
+    def __init__(self, stats: Callable[[], Any]):
+        self.stats = stats
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats()
+        yield CounterMetricFamily("celeris_prefix_cache_queries", "Prompt tokens of requests that asked the "
+                                  "prefix cache", value=s.queried_tokens)
+        yield CounterMetricFamily("celeris_prefix_cache_hits", "Prompt tokens served from the prefix cache",
+                                  value=s.hit_tokens)
+        yield CounterMetricFamily("celeris_prefix_cache_evictions", "Prefix cache blocks evicted (LRU)",
+                                  value=s.evictions)
+        yield GaugeMetricFamily("celeris_prefix_cache_bytes", "Bytes the prefix cache holds", value=s.bytes_used)
+        yield GaugeMetricFamily("celeris_prefix_cache_budget_bytes", "The prefix cache's budget",
+                                value=s.budget_bytes)
+
+
 class RequestObserver:
     """Telemetry of one request through either door: its span, its log context, its metrics.
 
@@ -224,7 +247,8 @@ class RequestObserver:
         reason = ev.finish_reason.value if ev.finish_reason else "length"
         self.span.set_attributes({"celeris.finish_reason": reason, "celeris.generated_tokens": generated,
                                   "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps,
-                                  "celeris.kv_cache": ev.kv_cache})
+                                  "celeris.kv_cache": ev.kv_cache, "celeris.prompt_tokens": ev.prompt_tokens,
+                                  "celeris.cached_prompt_tokens": ev.cached_tokens})
         self.outcome, self.code = ("cancelled", "CANCELLED") if reason == "cancelled" else ("ok", "OK")
         self.tel.log.info("request.finished", finish_reason=reason, generated_tokens=generated,
                           forward_passes=ev.forward_passes, steps=ev.steps, kv_cache=ev.kv_cache, **self.log_context)
@@ -282,6 +306,9 @@ class Telemetry:
         self.metrics.running.set_function(lambda: scheduler.running)
         self.metrics.open_streams.set_function(lambda: scheduler.open)
         self.metrics.event_loop_cpu.set_function(thread_cpu_clock(threading.get_ident()))
+        prefixes = getattr(scheduler.core.runner, "prefixes", None)  # block models' prefix cache, when on
+        if prefixes is not None:
+            self.metrics.registry.register(PrefixCacheCollector(prefixes.cache.stats))
 
     def on_step(self, record: StepRecord) -> None:
         s = record.stats

@@ -1,0 +1,124 @@
+"""The prefix cache and chunked prefill, measured on the CPU (issue 44).
+
+    python scripts/bench_prefix_cache.py [--model celeris-tiny-block] [--repeats 5]
+
+1. Time to first snapshot (the first step that commits tokens) of turns 2-4 of a 4-turn chat whose
+   prompts share a 400-token prefix, cache on vs off, median of `repeats`, side by side in one
+   run (each repeat a fresh prefix; cold and cached engines alternate so both see the same load).
+2. The step latency of 8 running short streams while a 900-token prompt prefills: the longest
+   step during the prefill over the median step before it, chunked vs one-forward prefill, both
+   measured in this run (median of `repeats`).
+Tokens are checked equal cache on and off; figures go to docs/benchmarks.md with their conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from celeris.engine.block_sequence import PREFILL
+from celeris.engine.config import EngineConfig
+from celeris.engine.llm import LLM
+from celeris.engine.params import SamplingParams
+
+PARAMS = dict(gen_length=16, block_length=4, steps=16, seed=0)
+
+
+def ids(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(5, 1000) for _ in range(n)]
+
+
+def engine(model: str, cache: bool, chunked: bool = True) -> LLM:
+    return LLM.load(model, EngineConfig(max_batch=9, max_prompt_tokens=1024, max_gen_length=128,
+                                        prefill_chunk=256 if chunked else 1024, chunked_prefill=chunked,
+                                        prefix_cache_bytes=(256 << 20) if cache else 0))
+
+
+def first_snapshot(llm: LLM, prompt: list[int]) -> tuple[float, list[int]]:
+    """Seconds from submission to the first step that commits tokens; the decode."""
+    seq = llm.sequence(prompt, SamplingParams(**PARAMS))
+    t0 = time.perf_counter()
+    llm.loop.add(seq)
+    ttfs = None
+    while not seq.finished:
+        events, _ = llm.loop.step()
+        if ttfs is None and any(ev.committed for ev in events if ev.request_id == seq.request_id):
+            ttfs = time.perf_counter() - t0
+    return ttfs, seq.generated()
+
+
+def chat_turns(model: str, repeats: int) -> None:
+    cold, warm = engine(model, cache=False), engine(model, cache=True)
+    times = {(c, t): [] for c in ("cold", "cached") for t in (2, 3, 4)}
+    for r in range(repeats):
+        rng = random.Random(r)
+        history = ids(400, rng)
+        for turn in range(1, 5):
+            prompt = history + ids(12, rng)
+            order = [("cold", cold), ("cached", warm)] if r % 2 == 0 else [("cached", warm), ("cold", cold)]
+            outs = {}
+            for name, llm in order:
+                t, outs[name] = first_snapshot(llm, prompt)
+                if turn > 1:
+                    times[(name, turn)].append(t)
+            assert outs["cold"] == outs["cached"], "the cache changed a decode"
+            history = prompt + outs["cold"]
+    print(f"time to first snapshot, 4-turn chat, 400-token shared prefix (+12 per user turn, 16 generated), "
+          f"median of {repeats} [{model}]")
+    print("turn  prompt~  cold ms  cached ms  ratio")
+    for t in (2, 3, 4):
+        c, w = statistics.median(times[("cold", t)]), statistics.median(times[("cached", t)])
+        print(f"{t:>4}  {400 + 12 * t + 16 * (t - 1):>7}  {c * 1e3:7.1f}  {w * 1e3:9.1f}  {w / c:5.2f}")
+
+
+def stall(model: str, chunked: bool, rng: random.Random) -> tuple[float, float, int]:
+    """8 short streams step alone (the baseline), then a 900-token prompt arrives: the longest of
+    their steps while it prefills, the median before; how many steps its prefill took."""
+    llm = engine(model, cache=False, chunked=chunked)
+    streams = [llm.sequence(ids(16, rng), SamplingParams(**{**PARAMS, "gen_length": 128, "steps": 128}))
+               for _ in range(8)]
+    for s in streams:
+        llm.loop.add(s)
+    before = []
+    for _ in range(12):
+        _, rec = llm.loop.step()
+        before.append(rec.ended - rec.started)
+    long = llm.sequence(ids(900, rng), SamplingParams(**PARAMS))
+    llm.loop.add(long)
+    during, steps = [], 0
+    while long.slot < 0 or long.phase == PREFILL:
+        _, rec = llm.loop.step()
+        during.append(rec.ended - rec.started)
+        steps += 1
+    assert not any(s.finished for s in streams), "the streams must outlive the prefill"
+    return max(during), statistics.median(before[2:]), steps
+
+
+def chunked_prefill(model: str, repeats: int) -> None:
+    print(f"\nstep latency of 8 running streams (16-token prompts, block 4) while a 900-token prompt prefills, "
+          f"median of {repeats} [{model}]")
+    print("prefill      base step ms  worst step ms  ratio  prefill steps")
+    for chunked in (True, False):
+        rows = [stall(model, chunked, random.Random(100 + r)) for r in range(repeats)]
+        worst, base = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+        ratio = statistics.median(r[0] / r[1] for r in rows)
+        name = "chunked" if chunked else "one forward"
+        print(f"{name:<12} {base * 1e3:12.1f}  {worst * 1e3:13.1f}  {ratio:5.2f}  {rows[0][2]:>13}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="celeris-tiny-block")
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU")
+    chat_turns(a.model, a.repeats)
+    chunked_prefill(a.model, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
