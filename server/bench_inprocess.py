@@ -5,7 +5,9 @@ engine (DESIGN.md: clients never import engine or server, never pull in torch). 
 dispatcher (server/cli.py, the one module that sees both sides) passes `InProcessBackend` to
 `celeris_client.cli.main` when `--in-process` is given. The backend loads the model, runs a Scheduler in
 this process and submits Sequences directly: figures without gRPC, protobuf or network, to set
-beside a server bench on the same machine.
+beside a server bench on the same machine. `--model` is resolved as `celeris serve` resolves it
+(server/cli_model.py): a folder, an embedded model's name or a Hugging Face id (`--revision`,
+`--download-dir`), with `--device` checked and `--dtype auto` read from the checkpoint first.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ class InProcessBackend:
     """Implements clients.bench.BenchBackend over an LLM and a Scheduler in this process."""
 
     def __init__(self, a: argparse.Namespace):
+        from celeris.server.cli_model import model_from_args
+
         self.args = a
+        self.source = model_from_args(a)  # one line (EngineError) for a bad device or model, before loading
         self.llm: Optional[LLM] = None
         self.scheduler: Optional[Scheduler] = None
         self.thread = None  # the TensorThread the model is loaded and stepped on
@@ -45,11 +50,11 @@ class InProcessBackend:
                            tensor_parallel_size=a.tensor_parallel_size, expert_parallel=a.expert_parallel)
         # Loaded on the thread that will step it, as `celeris serve` does (engine/threads.py).
         self.thread = TensorThread()
-        self.llm = await asyncio.wrap_future(self.thread.submit(LLM.load, a.model, cfg))
+        self.llm = await asyncio.wrap_future(self.thread.submit(LLM.load, self.source.path, cfg))
         self.scheduler = Scheduler(self.llm.loop, thread=self.thread)
         self.scheduler.start()
         d = self.llm.defaults
-        return {"server": "in-process", "model": self.llm.name, "architecture": self.llm.model_config.arch,
+        return {"server": "in-process", "model": self.source.repo_id or self.llm.name, "architecture": self.llm.model_config.arch,
                 "parameters": self.llm.parameter_count, "dtype": cfg.dtype, "device": cfg.device,
                 "threads": torch.get_num_threads(), "max_batch": cfg.max_batch,
                 "defaults": {"gen_length": d.gen_length, "steps": d.steps, "block_length": d.block_length,

@@ -31,6 +31,13 @@ def run_client(argv: list[str]) -> int:
         from celeris.server.bench_inprocess import InProcessBackend
 
         extra["in_process"] = InProcessBackend
+        from celeris.engine.errors import EngineError
+
+        try:
+            return client_main(argv, **extra)
+        except EngineError as e:  # the model or device --in-process names: one line, as serve says it
+            print(f"celeris bench: error: {e}", file=sys.stderr)
+            return 2
     return client_main(argv, **extra)
 
 
