@@ -5,7 +5,9 @@ canvas, self-conditioning logits and its own CPU random stream, seeded as `torch
 seeds the global one, so a request decodes the same text alone or batched and the text
 transformers' generate() gives that prompt and seed. A step runs one denoiser forward over every
 row, whatever canvas and step each is at (keys padded per row); a canvas that stops is encoded
-into its row's cache in the same step. The contract is `runner_api.StepRunner`.
+into its row's cache in the same step. A row whose own part of the step fails (non-finite logits,
+its structure, its advance) comes back as `RowResult.error` and ends alone (`step_loop.apply_row`);
+only the forward fails the batch. The contract is `runner_api.StepRunner`.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import Optional, Sequence as Seq
 import torch
 
 from celeris.engine.config import EngineConfig
+from celeris.engine.errors import row_error
 from celeris.engine.family import Family
 from celeris.engine.gemma import DiffusionGemma
 from celeris.engine.params import SamplingParams
 from celeris.engine.revise_request import RevisingSequence
 from celeris.engine.revise_sampler import ReviseParams, StepResult
-from celeris.engine.revise_sequence import ReviseSequence, step_rows
+from celeris.engine.revise_sequence import ReviseSequence, RowStep, step_rows
 from celeris.engine.sampler import token_logprobs
 from celeris.engine.runner_api import RowResult, StepStats, row_logprobs
 
@@ -72,11 +75,22 @@ class ReviseRunner:
         rows = [self.rows[s.slot] for s in seqs]
         settled = [len(r.final) for r in rows]
         steps = step_rows(self.model, rows)
-        results = [self._result(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
+        results = [self._row(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
         keys = max(self.row_tokens(s) for s in seqs)
         committed = sum(len(x.positions) for x in results)
         return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,
                                   time.perf_counter() - t0)
+
+    def _row(self, seq: RevisingSequence, row: ReviseSequence, res: RowStep, before: int) -> RowResult:
+        """This row's record, or its own error (`step_rows`; or reading its result raised): the step
+        loop ends that request alone (`step_loop.apply_row`, which releases its slot and so its
+        cache here) and the other rows' records are as without it."""
+        if isinstance(res, Exception):
+            return RowResult([], [], [], error=res)
+        try:
+            return self._result(seq, row, res, before)
+        except Exception as exc:
+            return RowResult([], [], [], error=row_error(exc))
 
     def _result(self, seq: RevisingSequence, row: ReviseSequence, res: Optional[StepResult],
                 before: int) -> RowResult:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
+from celeris.engine.errors import RowFailed, row_error
 from celeris.engine.gemma import DiffusionGemma, KVCache
 from celeris.engine.revise_sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
-from celeris.engine.structured.constraint import Constraint
+from celeris.engine.runner_api import NONFINITE, nonfinite_rows
+from celeris.engine.structured.constraint import Constraint, unpack
 
 
 @dataclass
@@ -110,11 +112,21 @@ class ReviseSequence:
             if j in fixed:
                 out.append(fixed[j])
                 continue
-            allowed = c.allowed(lo + j)  # a slot position: its slot's front, slots filling left to right
+            allowed = self._allowed(lo + j)  # a slot position: its slot's front, slots filling left to right
             tok = int(logits[j].masked_fill(~allowed, float("-inf")).argmax())
             c.commit(lo + j, tok)
             out.append(tok)
         return torch.tensor(out)
+
+    def _allowed(self, pos: int) -> torch.Tensor:
+        """(V,) bool: what the slot whose front is `pos` may commit there, through the mask families'
+        per-row check (`Constraint.window`): InvalidRequest naming this request's own field if its
+        structure raises or allows nothing there."""
+        c = self.constraint
+        cols, words = c.window([pos])
+        if not cols:  # an invariant: a canvas commits its slots left to right, each at its front
+            raise c.failure(f"output position {pos} is no slot's front")
+        return unpack(words, c.V, torch.device("cpu"))[0]
 
     def _commit(self, argmax: torch.Tensor) -> None:
         block = argmax.tolist()
@@ -131,16 +143,37 @@ class ReviseSequence:
         self._new_canvas()
 
 
-def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> list[Optional[StepResult]]:
+RowStep = Union[StepResult, Exception, None]
+
+
+def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> list[RowStep]:
     """One forward for every unfinished request, whatever its canvas and step: each row's step
-    result, in order (None for a row that had already finished)."""
+    result, in order (None for a row that had already finished). Only the forward may fail the
+    batch: a row whose own part fails (non-finite logits, its structure's masks or commits, its
+    advance) gets its request's error instead (`_advance`), and every other row steps on exactly as
+    without it (each row's forward, random stream, cache and constraint are its own)."""
     rows = [s for s in seqs if not s.finished]
     if not rows:
         return [None] * len(seqs)
     canvas = torch.stack([s.canvas for s in rows])
-    logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])
-    out = {id(s): s.advance(lg) for s, lg in zip(rows, logits)}
+    logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])  # (B, L, V)
+    bad = nonfinite_rows(logits, torch.ones(logits.shape[:2], dtype=torch.bool)).tolist()  # (B,)
+    out = {id(s): _advance(s, lg, nonfinite) for s, lg, nonfinite in zip(rows, logits, bad)}
     return [out.get(id(s)) for s in seqs]
+
+
+def _advance(seq: ReviseSequence, logits: torch.Tensor, nonfinite: bool) -> Union[StepResult, Exception]:
+    """One row's step, or the typed error its request alone ends with (errors.row_error: an
+    InvalidRequest naming its structured-output field as it is, else RowFailed naming only the
+    exception's type). A row with non-finite logits draws nothing (NaN would make its draw raise,
+    or write garbage); a failed row is finished here, its state dropped when its slot is released."""
+    try:
+        if nonfinite:
+            raise RowFailed(NONFINITE)
+        return seq.advance(logits)
+    except Exception as exc:
+        seq.finished = True
+        return row_error(exc)
 
 
 def generate(model: DiffusionGemma, prompt: list[int], params: ReviseParams, seed: int, max_new_tokens: int,
