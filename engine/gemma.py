@@ -145,7 +145,9 @@ class Experts(nn.Module):
         its matmuls, so callers that want a row to round as it does alone pass one request's rows."""
         N, k = idx.shape
         flat = idx.reshape(-1)  # (N*k,) token-major
-        order = torch.sort(flat).indices  # (N*k,) by expert; torch.sort as the reference (rows' order within a group changes their bits)
+        # (N*k,) by expert, with torch.sort as the reference sorts: a row's place in its group
+        # changes its bits (small-M kernels), so the order is the reference's, not a stable one
+        order = torch.sort(flat).indices
         counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0])  # (E,) rows per expert
         gate, up = grouped_linear(x[order // k], self.gate_up_proj, counts).chunk(2, dim=-1)  # (N*k, I) each
         y = grouped_linear(gelu(gate) * up, self.down_proj, counts) * w.reshape(-1)[order, None]  # (N*k, D)
@@ -274,7 +276,8 @@ class DiffusionGemma(nn.Module):
         expert's matmul would run over every row routed to it, and a key axis padded to a longer
         row changes softmax's summation; rounding that self-conditioning then amplifies until the
         canvases diverge. The rows share the step, not the kernels (docs/revising-models.md)."""
-        return torch.cat([self._denoise_one(canvas[r:r + 1], c, lg) for r, (c, lg) in enumerate(zip(caches, sc_logits))])
+        rows = zip(canvas.split(1), caches, sc_logits)
+        return torch.cat([self._denoise_one(c, cache, lg) for c, cache, lg in rows])
 
     def _denoise_one(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
         """One request's denoising forward.  canvas: (1, L), sc_logits: (L, V) or None -> (1, L, V)"""
