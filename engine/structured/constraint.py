@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.engine.sampling_batch import Allowed
+from celeris.engine.structured.document import Closer, document_grammar, grammar_text, locate
+from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  (runners import them here)
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
@@ -71,6 +72,7 @@ class SlotSpec:
     grammar: str
     filler: int
     path: str = ""  # the field or schema path it serves, named in its errors
+    forced: bool = False  # positions the grammar forces commit in the same step (the document path)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Layout:
     canvas: tuple[int, ...]  # skeleton ids, mask at slot positions, the tail's stop id
     slots: tuple[SlotSpec, ...]
     tail: int  # the stop id after the structure (block models decode past gen_length)
+    path: str = "skeleton"  # how it decodes, reported per request: skeleton, document or regex
 
 
 class Compiler:
@@ -93,6 +96,7 @@ class Compiler:
         space = self._encode(" ")
         self.json_filler = self.pad if self.pad is not None else (space[0] if len(space) == 1 else None)
         self._checked = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._check)
+        self._documents = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._document_check)
 
     def _encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text)
@@ -104,7 +108,11 @@ class Compiler:
         f = spec.field
         try:
             if spec.kind == "json_schema":
-                parts = compile_schema(self._schema(spec.value, f), f)
+                schema = self._schema(spec.value, f)
+                try:
+                    parts = compile_schema(schema, f)
+                except (SchemaError, RegexError) as e:  # outside the skeleton's subset
+                    return self._document(schema, gen_length, f, e)
             elif spec.kind == "json_object":
                 parts = [json_object_slot(gen_length)]
             elif spec.kind == "regex":
@@ -162,7 +170,25 @@ class Compiler:
             raise StructureError(f, f"its matches can take {need} tokens; the canvas (max_tokens) has {gen_length}")
         grammar = self._grammar(regex, f, r"[\x00-\x7f]*" if regex.isascii() else None)
         return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f),),
-                      self.tok.eos_id)
+                      self.tok.eos_id, "regex")
+
+    def _document(self, schema: object, gen_length: int, f: str, why: ValueError) -> Layout:
+        """The whole-document path (document.py): one slot over the canvas, the document's own
+        grammar, ended by the stop id; bounded only by the canvas (max_tokens). Refused where
+        llguidance refuses it, by the path its error points at (else where the skeleton stopped)."""
+        grammar, problem = self._documents(grammar_text(schema))
+        if problem:
+            raise StructureError(locate(schema, problem, f) or getattr(why, "path", f), problem)
+        return Layout((self.tok.mask_id,) * gen_length,
+                      (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f, forced=True),), self.tok.eos_id, "document")
+
+    def _document_check(self, text: str) -> tuple[str, str]:
+        """(grammar, why it cannot be served or "") of a schema's JSON text (remembered)."""
+        try:
+            grammar = document_grammar(json.loads(text))
+        except ValueError as e:
+            return "", f"the constraint library refuses it: {str(e)[:200]}"
+        return grammar, self._verdict(grammar, "")
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
         """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),
@@ -183,17 +209,22 @@ class Compiler:
         else:
             esc = lambda r: re.sub(r"(?<!\\)/", r"\/", r)  # noqa: E731  (lark's /.../ delimiters)
             grammar = llguidance.LLMatcher.grammar_from_lark(f"start: S\nS: /{esc(regex)}/ & /{esc(within)}/")
+        where = "" if within is None else " within the characters its slot may hold: ASCII, printable in a JSON string"
+        return grammar, self._verdict(grammar, where)
+
+    def _verdict(self, grammar: str, where: str) -> str:
+        """Why a grammar cannot be served, or "": the library refuses it, or a fresh matcher fails
+        at once or allows no token and does not accept (an empty language)."""
         msg = llguidance.LLMatcher.validate_grammar(grammar, self.ll, limits=LIMITS)
         if msg:
-            return grammar, f"the constraint library refuses it: {msg[:200]}"
+            return f"the constraint library refuses it: {msg[:200]}"
         m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
         words = np.zeros((self.vocab_size + 31) // 32, dtype=np.uint32)
         m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         words[self.tok.eos_id >> 5] &= ~np.uint32(1 << (self.tok.eos_id & 31))  # ends are the filler's
         if m.is_error() or not (words.any() or m.is_accepting()):
-            where = "" if within is None else " within the characters its slot may hold: ASCII, printable in a JSON string"
-            return grammar, f"its language is empty (no text matches it{where}): nothing could be served"
-        return grammar, ""
+            return f"its language is empty (no text matches it{where}): nothing could be served"
+        return ""
 
     def _json_layout(self, parts, gen_length: int, f: str) -> Layout:
         """The skeleton placed and its size checked against the canvas first (cheap), then each
@@ -231,6 +262,8 @@ class Constraint:
         self._eos = compiler.tok.eos_id
         self._mask = compiler.tok.mask_id
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
+        self._force: dict[int, int] = {}  # position -> the token the grammar forces there (forced slots)
+        self._closer = Closer(compiler.ll, self.words, self._eos) if any(s.forced for s in layout.slots) else None
 
     def fixed(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """(position, token) of the structure's fixed tokens in [lo, hi): the skeleton, and the stop
@@ -249,6 +282,8 @@ class Constraint:
         InvalidRequest naming this request's own field if its matcher raises or allows nothing
         at a front (its language ended: nothing could be served)."""
         col_of = {p: j for j, p in enumerate(cols) if p >= 0}
+        if col_of:
+            self._fast_forward(min(col_of), max(col_of) + 1)
         fronts = self.fronts(min(col_of), max(col_of) + 1) if col_of else []
         words = np.zeros((len(fronts), self.words), dtype=np.uint32)
         try:
@@ -262,6 +297,24 @@ class Constraint:
             raise self.failure(f"the constraint library failed ({type(e).__name__})") from None
         return [col_of[p] for p in fronts], words
 
+    def _fast_forward(self, lo: int, hi: int) -> None:
+        """A forced slot whose front is in [lo, hi): the tokens its grammar forces next (llguidance's
+        fast-forward tokens) go to the matcher now and their positions become fronts that allow
+        only them, the position after them the slot's front: they all commit this step. What is
+        forced is certain whatever the model picks, so the matcher may run ahead of the canvas."""
+        for p, i in list(self._by_front.items()):
+            s = self.layout.slots[i]
+            if not s.forced or self._ended[i] or p in self._force or not lo <= p < hi:
+                continue
+            ff = self._matchers[i].compute_ff_tokens()[:max(0, min(hi, s.start + s.capacity - 1) - p)]
+            ff = ff[:self._matchers[i].try_consume_tokens(ff)] if ff else ff
+            if not ff:
+                continue
+            for k, t in enumerate(ff):
+                self._force[p + k] = t
+                self._by_front[p + k] = i
+            self._by_front[p + len(ff)] = i
+
     def failure(self, reason: str, slot: Optional[int] = None) -> InvalidRequest:
         """This request's error when its structure cannot go on: names its own field (the slot's
         schema path where known) and nothing else."""
@@ -273,9 +326,16 @@ class Constraint:
         contiguous (ceil(V / 32),) uint32 row, as bits (token t: bit t % 32 of word t // 32).
         llguidance writes its mask straight into the row (no Python per token)."""
         i = self._by_front[pos]
-        filler = self.layout.slots[i].filler
-        if self._ended[i]:
+        s = self.layout.slots[i]
+        filler = s.filler
+        if pos in self._force:  # a token the grammar forces, already consumed
             words[:] = 0
+            filler = self._force[pos]
+        elif self._ended[i]:
+            words[:] = 0
+        elif s.forced and (close := self._closer.closing(self._matchers[i], s.start + s.capacity - pos)) is not None:
+            words[:] = 0  # the canvas runs short: only the shortest way to the document's end
+            filler = close[0] if close else filler
         else:
             m = self._matchers[i]
             m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
@@ -295,6 +355,10 @@ class Constraint:
         that ends makes all its remaining positions fronts at once (each allows the filler only)."""
         i = self._by_front.pop(pos)
         s = self.layout.slots[i]
+        if pos in self._force:
+            if self._force.pop(pos) != token:  # the mask allowed only the forced token
+                raise self.failure(f"a forced position took token {token} at output position {pos}", i)
+            return
         if self._ended[i]:
             return
         end = s.start + s.capacity
@@ -337,49 +401,3 @@ def value_depth(value: object, limit: int) -> int:
             deepest = max(deepest, d)
             stack += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
     return deepest
-
-
-_BITS = torch.tensor([[(x >> j) & 1 for j in range(8)] for x in range(256)], dtype=torch.bool)  # (256, 8)
-
-
-def unpack(words: np.ndarray, V: int, device: torch.device) -> torch.Tensor:
-    """(N, ceil(V / 32)) uint32 packed bits -> (N, V) bool on `device`. Little-endian bytes: byte
-    k holds tokens 8k..8k+7. On the host numpy unpacks them; for an accelerator the packed
-    words cross (V / 8 bytes a row) and each byte is looked up in a (256, 8) table there."""
-    if device.type == "cpu":
-        return torch.from_numpy(np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :V].view(bool))
-    packed = torch.from_numpy(words.view(np.uint8)).to(device, non_blocking=True)
-    return _BITS.to(device)[packed.long()].flatten(1)[:, :V]
-
-
-def window_masks(rows: Seq[Optional[tuple[Constraint, list[int]]]], W: int, device: torch.device):
-    """A step's constrained rows as (front (B, W) bool: the columns that may commit, `Allowed`,
-    failed {row: InvalidRequest}), or (None, None, {}) when no row is constrained: unconstrained
-    batches pay nothing. rows[b] is (constraint, the canvas position of each window column, -1
-    for none) or None (unconstrained: every column may commit). llguidance fills packed rows
-    (one bit a token), unpacked once for the whole step (`unpack`). Each row's masks are built
-    on their own: a row whose structure raises, or allows no token at a front, is in `failed`
-    with no front (it commits nothing), and every other row's masks are as without it."""
-    if all(r is None for r in rows):
-        return None, None, {}
-    B = len(rows)
-    front = np.ones((B, W), dtype=bool)
-    flat: list[int] = []
-    packed: list[np.ndarray] = []
-    failed: dict[int, InvalidRequest] = {}
-    for b, r in enumerate(rows):
-        if r is None:
-            continue
-        front[b] = False
-        try:
-            cols, words = r[0].window(r[1])
-        except InvalidRequest as e:
-            failed[b] = e
-            continue
-        front[b, cols] = True
-        flat += [b * W + j for j in cols]
-        packed.append(words)
-    c = next(r[0] for r in rows if r is not None)
-    words = np.concatenate(packed) if packed else np.zeros((0, c.words), dtype=np.uint32)
-    return torch.from_numpy(front).to(device), Allowed(torch.tensor(flat, dtype=torch.long, device=device),
-                                                       unpack(words, c.V, device)), failed

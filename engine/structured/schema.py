@@ -9,8 +9,10 @@ Supported (see docs/structured-outputs.md): objects whose properties are all req
 (`additionalProperties` false or absent), strings with maxLength/minLength/pattern/enum,
 integers and numbers with bounds (inclusive or exclusive), booleans, null, `enum`/`const` of
 scalars (of the schema's `type` when one is given), arrays of scalars with maxItems, nesting to
-MAX_DEPTH objects. Anything else is refused with its schema path (a combinator such as anyOf or
-$ref by its own name), never relaxed.
+MAX_DEPTH objects. Anything else raises SchemaError with its schema path (a combinator such as
+anyOf or $ref by its own name): the chooser (constraint.Compiler) then serves the schema as one
+whole-document grammar (engine/structured/document.py) or refuses it, never relaxed. A string
+with neither maxLength nor pattern is unbounded, so it is not a skeleton slot (no silent cap).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from celeris.engine.structured.regexes import int_range, literal, max_width
 
 MAX_DEPTH = 4  # objects nested inside objects
 MAX_PROPERTIES = 64  # across the whole schema
-DEFAULT_STRING = 32  # characters of a string with no maxLength
 MAX_STRING = 256
 MAX_DIGITS = 15  # integer digits (JSON numbers past 2^53 lose precision in most parsers)
 MAX_ITEMS = 32
@@ -169,13 +170,15 @@ def scalar_slot(s: dict, path: str) -> Slot:
 
 def _string(s: dict, path: str) -> Slot:
     _only(s, path, _SCALAR_KEYS | {"maxLength", "minLength", "pattern"})
-    hi, lo = s.get("maxLength", DEFAULT_STRING), s.get("minLength", 0)
+    hi, lo = s.get("maxLength", MAX_STRING), s.get("minLength", 0)
     for key, v in (("maxLength", hi), ("minLength", lo)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STRING:
             raise SchemaError(f"{path}.{key}", f"must be an integer in [0, {MAX_STRING}]")
     if lo > hi:
         raise SchemaError(f"{path}.minLength", "must not exceed maxLength")
     if "pattern" not in s:
+        if "maxLength" not in s:  # unbounded: the whole-document path serves it, never a silent cap
+            raise SchemaError(f"{path}.maxLength", "a string without maxLength or pattern is unbounded")
         return Slot(f'"{STRING_CHAR}{{{lo},{hi}}}"', hi + 2, path)
     pattern = s["pattern"]
     if not isinstance(pattern, str) or len(pattern) > 256:

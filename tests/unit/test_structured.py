@@ -156,7 +156,8 @@ def test_regex_and_choice_fill_the_canvas_and_end_with_a_stop(compiler):
     with pytest.raises(StructureError, match="tokens"):
         comp.compile(Structured("regex", "[a-z]{20}"), 8)
     with pytest.raises(StructureError) as e:
-        comp.compile(Structured("json_schema", {"type": "object", "properties": {"x": {"type": "string"}}}, "f"), 8)
+        comp.compile(Structured("json_schema", {"type": "object", "properties": {"x": {"type": "string", "maxLength": 32}}},
+                                "f"), 8)
     assert e.value.path == "f" and "max_tokens" in e.value.reason
 
 
@@ -203,10 +204,11 @@ def test_alone_equals_batched_and_free_rows_are_untouched(llm):
 
 
 def test_refusals_name_the_field(llm):
-    bad = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object"}, "maxItems": 2}}}
+    # Arrays of objects go the whole-document path now; `not` is what neither path honours.
+    bad = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object", "not": {}}}}}
     with pytest.raises(InvalidRequest) as e:
         llm.build(Request(prompt="x", structured=Structured("json_schema", bad, "response_format.json_schema.schema")))
-    assert e.value.violations[0].field == "response_format.json_schema.schema.properties.tags.items"
+    assert e.value.violations[0].field == "response_format.json_schema.schema.properties.tags.items.not"
     with pytest.raises(InvalidRequest, match="canvas"):
         llm.build(Request(prompt="x", params=replace(llm.defaults, gen_length=8, steps=8, block_length=8),
                           structured=Structured("json_schema", PERSON)))
