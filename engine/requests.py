@@ -177,9 +177,13 @@ class Requests:
         if self._compiler is None:
             self._compiler = Compiler(self.tokenizer, self.family_vocab)
         try:
-            return Constraint(self._compiler.compile(spec, params.gen_length), self._compiler, spec.field)
+            layout = self._compiler.compile(spec, params.gen_length)
         except StructureError as e:
             raise InvalidRequest([FieldViolation(e.path, e.reason)]) from None
+        if layout.path == "document" and self.family.revising:  # not yet: its canvases commit another way
+            raise InvalidRequest([FieldViolation(spec.field, "outside the skeleton's subset: the whole-document path "
+                                                             "is not served on revising models (DiffusionGemma) yet")])
+        return Constraint(layout, self._compiler, spec.field)
 
     def violations(self, params: SamplingParams) -> list[FieldViolation]:
         """Every reason these parameters cannot run here: their own limits, this engine's

@@ -32,7 +32,7 @@ from celeris.server.http_vllm import PATHS as VLLM_PATHS
 from celeris.server.http_vllm import VllmRoutes
 from celeris.server.guard import Guard
 from celeris.server.http_extras import Cors, HostCheck, TokenizerRoutes, add_metrics_route
-from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
+from celeris.server.lifecycle import Lifecycle, LiveRequest, merged, structure_path
 from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
 
 log = structlog.get_logger("celeris.http")
@@ -276,8 +276,9 @@ class HttpGateway:
                 lives[0].fail(e)
                 return error_json(e)
             rid = streams[0].request_id
+            extra = {"X-Celeris-Structure-Path": path} if (path := structure_path(streams[0].seq)) else {}
             if req.stream:
-                return await self._stream(request, responders, lives, req.n if req.include_usage else 0)
+                return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra)
             try:
                 finals = await asyncio.gather(*(self._last(life) for life in lives))
             except EngineError as e:
@@ -287,7 +288,7 @@ class HttpGateway:
                 lives[0].fail(e)
                 return error_json(e)
             return web.json_response(merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n),
-                                     headers={"X-Request-Id": rid})
+                                     headers={"X-Request-Id": rid, **extra})
         finally:
             for life in lives:
                 life.close()  # frees the scheduler slots if we leave early (disconnect, error)
@@ -310,12 +311,14 @@ class HttpGateway:
         return last
 
     async def _stream(self, request: web.Request, responders: list[Responder],
-                      lives: list[LiveRequest], usage_n: int = 0) -> web.StreamResponse:
+                      lives: list[LiveRequest], usage_n: int = 0,
+                      extra: Optional[dict[str, str]] = None) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
         already built by each choice's formatter in the formatter thread; `usage_n` (the request's
         n) > 0: OpenAI's include_usage chunk (empty choices) before [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id})
+                                           "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id,
+                                           **(extra or {})})
         await resp.prepare(request)
         try:
             try:

@@ -59,6 +59,8 @@ class Lifecycle:
                     life.obs.bind(req.request_id[:MAX_REQUEST_ID])
                 seqs.append(await self.llm.build_async(req))
                 life.obs.bind(seqs[-1].request_id, seqs[-1].ticket)
+                if (path := structure_path(seqs[-1])):
+                    self.telemetry.metrics.structured.labels(path).inc()
             self._check_connection(first.connection)
             client = current_client()
             if self.guard is not None and len(seqs) > 1:
@@ -85,6 +87,12 @@ class Lifecycle:
         self._calls[connection] -= 1
         if self._calls[connection] <= 0:
             del self._calls[connection]
+
+
+def structure_path(seq: Sequence) -> str:
+    """How a request's structured output decodes (engine/structured: skeleton, document, regex), or
+    "" for free text: both doors report it (HTTP's x-celeris-structure-path header, the metric)."""
+    return seq.constraint.layout.path if seq.constraint is not None else ""
 
 
 class LiveRequest:

@@ -182,6 +182,8 @@ class Metrics:
                                     "asyncio event loop since it started", registry=r)
         self.tokens_per_forward = Histogram("celeris_tokens_per_forward", "Tokens committed per batched step",
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.structured = Counter("celeris_structured_requests_total", "Structured-output requests admitted, by "
+                                  "how they decode: skeleton, document (one grammar) or regex", ["path"], registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1"):
         return start_http_server(port, addr=host.strip("[]") or "::", registry=self.registry)

@@ -51,8 +51,8 @@ def test_openai_sdk_json_schema_json_object_and_vllm_fields(live):
 
 
 def test_openai_sdk_refuses_unsupported_schema_by_path(live):
-    bad = {"type": "object", "required": ["tags"], "properties": {
-        "tags": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {}}}}}
+    bad = {"type": "object", "required": ["tags"], "properties": {  # `not`: honoured by neither path
+        "tags": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {}, "not": {}}}}}
     with pytest.raises(openai.BadRequestError) as e:
         sdk(live).chat.completions.create(
             model="celeris-tiny", messages=[{"role": "user", "content": "x"}], max_tokens=64,
@@ -60,8 +60,9 @@ def test_openai_sdk_refuses_unsupported_schema_by_path(live):
     assert "response_format.json_schema.schema.properties.tags.items" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
         sdk(live).completions.create(model="celeris-tiny", prompt="x", max_tokens=64, extra_body={
-            "structured_outputs": {"json": {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}}})
-    assert e.value.status_code == 400 and "structured_outputs.json.properties.a.anyOf" in str(e.value)
+            "structured_outputs": {"json": {"type": "object", "properties": {"a": {"anyOf": [
+                {"type": "string"}, {"type": "array", "uniqueItems": True}]}}}}})
+    assert e.value.status_code == 400 and "structured_outputs.json.properties.a.anyOf[1].uniqueItems" in str(e.value)
 
 
 def test_grpc_client_structured_output_and_refusal(live):
