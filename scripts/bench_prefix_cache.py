@@ -79,7 +79,8 @@ def stall(model: str, chunked: bool, rng: random.Random) -> tuple[float, float, 
     """8 short streams step alone (the baseline), then a 900-token prompt arrives: the longest of
     their steps while it prefills, the median before; how many steps its prefill took."""
     llm = engine(model, cache=False, chunked=chunked)
-    streams = [llm.sequence(ids(16, rng), SamplingParams(**{**PARAMS, "gen_length": 128, "steps": 128}))
+    streams = [llm.sequence(ids(16, rng), SamplingParams(**{**PARAMS, "gen_length": 128, "steps": 128,
+                                                            "stop_at_eos": False}))
                for _ in range(8)]
     for s in streams:
         llm.loop.add(s)
@@ -114,10 +115,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="celeris-tiny-block")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", choices=("chat", "stall"), default=None, help="run one of the two measurements")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU")
-    chat_turns(a.model, a.repeats)
-    chunked_prefill(a.model, a.repeats)
+    if a.only != "stall":
+        chat_turns(a.model, a.repeats)
+    if a.only != "chat":
+        chunked_prefill(a.model, a.repeats)
 
 
 if __name__ == "__main__":
