@@ -112,6 +112,8 @@ class Compiler:
                 try:
                     parts = compile_schema(schema, f)
                 except (SchemaError, RegexError) as e:  # outside the skeleton's subset
+                    if getattr(e, "empty", False):  # unsatisfiable as written: named, on every path
+                        raise
                     return self._document(schema, gen_length, f, e)
             elif spec.kind == "json_object":
                 parts = [json_object_slot(gen_length)]

@@ -41,9 +41,10 @@ _JSON_TYPES = {"string": str, "boolean": bool, "null": type(None)}
 class SchemaError(ValueError):
     """A schema outside the subset: `path` names where (e.g. schema.properties.tags.items)."""
 
-    def __init__(self, path: str, reason: str):
+    def __init__(self, path: str, reason: str, empty: bool = False):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
+        self.empty = empty  # no value satisfies it: refused on every path, not handed to the document path
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def _string(s: dict, path: str) -> Slot:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STRING:
             raise SchemaError(f"{path}.{key}", f"must be an integer in [0, {MAX_STRING}]")
     if lo > hi:
-        raise SchemaError(f"{path}.minLength", "must not exceed maxLength")
+        raise SchemaError(f"{path}.minLength", "must not exceed maxLength", empty=True)
     if "pattern" not in s:
         if "maxLength" not in s:  # unbounded: the whole-document path serves it, never a silent cap
             raise SchemaError(f"{path}.maxLength", "a string without maxLength or pattern is unbounded")
@@ -189,7 +190,7 @@ def _string(s: dict, path: str) -> Slot:
         raise SchemaError(f"{path}.pattern", f"may match {width} characters; bound it to {MAX_STRING}")
     if width < lo:  # cheap, before anything compiles: no match of the pattern is long enough
         raise SchemaError(f"{path}.minLength", f"the pattern's matches have at most {width} characters: "
-                                               "no string satisfies both")
+                                               "no string satisfies both", empty=True)
     # Anchored (JSON schema patterns search; the slot must match as a whole), and within the
     # characters a JSON string may hold unescaped, and the length bounds when given: every
     # served string satisfies pattern and lengths together (an empty intersection is refused

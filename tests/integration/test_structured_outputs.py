@@ -76,11 +76,11 @@ def test_grpc_client_structured_output_and_refusal(live):
         with pytest.raises(InvalidArgument) as e:
             c.generate("x", gen_length=16, structured_output={"regex": "a+"})
         assert "structured_output.regex" in str(e.value) and "unbounded" in str(e.value)
-        bad = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}
+        bad = {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 3}}}}  # neither path
         with pytest.raises(InvalidArgument) as e:
             c.generate("x", gen_length=32, structured_output={"json_schema": bad})
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert e.value.field_violations[0].field == "structured_output.json_schema.properties.n.multipleOf"
+        assert e.value.field_violations[0].field == "structured_output.json_schema.properties.n.not"
 
 
 def test_a_revising_model_serves_structured_outputs_on_both_doors(tmp_path):
