@@ -13,7 +13,7 @@ from celeris.engine.errors import EngineError, InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.server import convert
 from celeris.server.errors import abort
-from celeris.server.lifecycle import Lifecycle, merged_events
+from celeris.server.lifecycle import Lifecycle, merged_events, structure_path
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -39,7 +39,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
                 formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k)
                               for k in range(len(reqs))]  # messages are built off the loop
-                await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
+                streams = await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
+                if (path := structure_path(streams[0].seq)):  # as HTTP's x-celeris-structure-path header
+                    await context.send_initial_metadata((("x-celeris-structure-path", path),))
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
                 lives[0].fail(e)

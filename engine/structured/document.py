@@ -81,8 +81,10 @@ def grammar_text(schema: object) -> str:
 
 
 CLOSE_MARGIN = 24  # positions kept in hand beyond the shortest completion before closing the document
-# Bytes tried in order when writing the shortest completion: closers first, then the shortest values.
-_PRIORITY = b'"}]0123456789nultrefas-.{[:,' + bytes(range(0x61, 0x7b)) + bytes(range(0x41, 0x5b)) + \
+# Bytes tried in order when writing a short completion: closers, then separators (a number or a
+# member ends, the next required one starts: digits first would extend a number forever), then
+# the shortest values.
+_PRIORITY = b'"}],:0123456789nultrefas-.{[' + bytes(range(0x61, 0x7b)) + bytes(range(0x41, 0x5b)) + \
     bytes(b for b in range(0x20, 0x7f) if not chr(b).isalnum())
 
 

@@ -46,3 +46,19 @@ def test_a_ref_schema_is_served_valid_on_the_document_path(live):
     metrics = generate_latest(live.server.telemetry.metrics.registry).decode()
     for path in seen:
         assert f'celeris_structured_requests_total{{path="{path}"}} 1.0' in metrics
+
+
+def test_grpc_names_the_path_in_its_initial_metadata(live):
+    import grpc
+
+    from celeris.v1 import generation_pb2 as pb
+    from celeris.v1 import generation_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(live.grpc_target) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        req = pb.GenerateRequest(prompt="Pets:", gen_length=96, seed=4,
+                                 structured_output=pb.StructuredOutput(json_schema=json.dumps(REF)))
+        call = stub.Generate(req, timeout=300)
+        assert dict(call.initial_metadata())["x-celeris-structure-path"] == "document"
+        for _ in call:
+            pass
