@@ -1,0 +1,176 @@
+"""Structured-output coverage over a local copy of JSONSchemaBench-style schemas (issue 42).
+
+    python scripts/schema_coverage.py /tmp/jsb [--model celeris-tiny] [--max-tokens 512]
+        [--limit 0] [--generate 0 --seeds 2 --gen-length 512]
+
+PATH is a folder of JSON files: one schema a file (its subset: the first folder under PATH, as in
+the benchmark's data/<subset>/*.json), or the maskbench layout (files holding {"schema": ...}, the
+subset the file name before `---` or its trailing `_<n>`). Nothing is downloaded: the data set has
+no license that lets it ship here, so it is read where it is.
+
+Each schema is compiled through Celeris' path chooser (engine/structured/constraint.Compiler) on
+the model's tokenizer at --max-tokens, and beside it through llguidance's own JSON-schema compiler
+with its defaults (`grammar_from_json_schema` + `validate_grammar`). Printed per subset: schemas,
+llguidance's compile %, Celeris accepted %, the share on each path (skeleton / document), and the
+most common refusal reasons. --generate N decodes N accepted schemas (stratified over subsets) x
+--seeds with the model (embedded name or folder), validates each output with jsonschema (the draft
+the schema names, formats checked) and prints validity %, and how many ran out of max_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import llguidance
+
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.structured.constraint import Compiler, StructureError, Structured
+
+
+def load(root: Path, limit: int = 0) -> list[tuple[str, str, Any]]:
+    """(subset, file name, schema) of every readable JSON file under root; `limit` per subset."""
+    out, seen = [], collections.Counter()
+    for f in sorted(root.rglob("*.json")):
+        try:
+            value = json.loads(f.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(value, dict) and "schema" in value and ("meta" in value or "tests" in value):
+            subset, value = re.sub(r"_\d+$", "", f.stem.split("---")[0]), value["schema"]
+        else:
+            subset = f.relative_to(root).parts[0] if len(f.relative_to(root).parts) > 1 else root.name
+        if limit and seen[subset] >= limit:
+            continue
+        seen[subset] += 1
+        out.append((subset, f.name, value))
+    return out
+
+
+def llguidance_compiles(ll: llguidance.LLTokenizer, schema: Any) -> bool:
+    """llguidance's own verdict with its default options (what its JSON compiler accepts)."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except (ValueError, TypeError):
+        return False
+    return not llguidance.LLMatcher.validate_grammar(grammar, ll)
+
+
+def reason_of(e: StructureError) -> str:
+    """A refusal's reason without its quoted specifics, to count alike ones together."""
+    text = re.sub(r'"[^"]*"|\'[^\']*\'|\d+', "_", e.reason)
+    return text.split(":")[0][:60] if "refuses" not in text else "llguidance: " + text.split(": ", 1)[-1][:50]
+
+
+def measure(compiler: Compiler, ll: llguidance.LLTokenizer, rows, max_tokens: int) -> list[dict]:
+    results = []
+    for subset, name, schema in rows:
+        t0 = time.perf_counter()
+        try:
+            path, reason = compiler.compile(Structured("json_schema", schema, "schema"), max_tokens).path, ""
+        except StructureError as e:
+            path, reason = "", reason_of(e)
+        ms = (time.perf_counter() - t0) * 1e3
+        results.append(dict(subset=subset, name=name, path=path, reason=reason, ms=ms,
+                            llg=llguidance_compiles(ll, schema), schema=schema))
+    return results
+
+
+def report(results: list[dict]) -> None:
+    by = collections.defaultdict(list)
+    for r in results:
+        by[r["subset"]].append(r)
+    print(f"{'subset':<16} {'n':>5} {'llguidance%':>11} {'celeris%':>9} {'skeleton%':>9} {'document%':>9}")
+    for subset, rs in sorted(by.items()) + [("ALL", results)]:
+        n = len(rs)
+        pct = lambda k: 100.0 * sum(1 for r in rs if k(r)) / n  # noqa: E731
+        print(f"{subset:<16} {n:>5} {pct(lambda r: r['llg']):>11.1f} {pct(lambda r: r['path']):>9.1f} "
+              f"{pct(lambda r: r['path'] == 'skeleton'):>9.1f} {pct(lambda r: r['path'] == 'document'):>9.1f}")
+    ms = sorted(r["ms"] for r in results)
+    print(f"compile ms: median {ms[len(ms) // 2]:.1f}, p99 {ms[int(len(ms) * 0.99)]:.1f}, max {ms[-1]:.1f}")
+    print("refusals (first reason):")
+    for reason, k in collections.Counter(r["reason"] for r in results if r["reason"]).most_common(12):
+        print(f"  {k:>5}  {reason}")
+
+
+def validates(schema: Any, text: str) -> Optional[str]:
+    """None if the text is JSON valid under the schema (its own draft, formats checked)."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)
+        cls = jsonschema.validators.validator_for(schema)
+        cls(schema, format_checker=cls.FORMAT_CHECKER).validate(value)
+    except Exception as e:  # noqa: BLE001 (any failure is an invalid output, printed)
+        return f"{type(e).__name__}: {str(e)[:100]}"
+    return None
+
+
+def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int, batch: int = 16) -> None:
+    by = collections.defaultdict(list)
+    for r in results:
+        if r["path"]:
+            by[r["subset"]].append(r)
+    pool = [rs[i] for i in range(max(map(len, by.values()), default=0)) for rs in by.values() if i < len(rs)][:n]
+    jobs = [(r, s) for r in pool for s in range(seeds)]
+    valid, length, failed = collections.Counter(), 0, []
+    params = replace(llm.defaults, gen_length=gen_length, steps=gen_length, block_length=32, temperature=1.0)
+    t0 = time.perf_counter()
+    for k in range(0, len(jobs), batch):
+        chunk, seqs = [], []
+        for r, s in jobs[k:k + batch]:
+            try:  # accepted at --max-tokens; a shorter --gen-length may not hold its skeleton
+                seqs.append(llm.build(Request(prompt="JSON:", params=replace(params, seed=s),
+                                              structured=Structured("json_schema", r["schema"]))))
+                chunk.append((r, s))
+            except InvalidRequest:
+                valid["refused at gen_length", False] += 1
+        for (r, s), out in zip(chunk, llm.run(seqs)):
+            why = validates(r["schema"], out.text)
+            valid[r["path"], why is None] += 1
+            length += out.finish_reason.value == "length"
+            if why:
+                failed.append((r["subset"], r["name"], s, out.finish_reason.value, why))
+    total = len(jobs)
+    ok = sum(v for (_, good), v in valid.items() if good)
+    print(f"generated {total} ({len(pool)} schemas x {seeds} seeds, gen_length {gen_length}) in "
+          f"{time.perf_counter() - t0:.0f} s: valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%), "
+          f"ran out of max_tokens {length}")
+    for path in ("skeleton", "document", "refused at gen_length"):
+        good, bad = valid[path, True], valid[path, False]
+        print(f"  {path}: {good}/{good + bad} valid")
+    for f in failed[:20]:
+        print("  invalid:", *f)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", type=Path)
+    ap.add_argument("--model", default="celeris-tiny", help="an embedded model's name or a checkpoint folder")
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--limit", type=int, default=0, help="schemas per subset (0: all)")
+    ap.add_argument("--generate", type=int, default=0, help="decode this many accepted schemas")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--gen-length", type=int, default=512)
+    a = ap.parse_args(argv)
+    llm = LLM.load(EMBEDDED_MODELS.get(a.model, a.model))
+    compiler = Compiler(llm.tokenizer, llm.requests.family_vocab)
+    rows = load(a.path, a.limit)
+    print(f"{len(rows)} schemas from {a.path}; model {a.model}; max_tokens {a.max_tokens}", flush=True)
+    results = measure(compiler, compiler.ll, rows, a.max_tokens)
+    report(results)
+    if a.generate:
+        generate(llm, results, a.generate, a.seeds, a.gen_length)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
