@@ -113,9 +113,22 @@ class Closer:
             return []
         m, out = matcher.deep_copy(), []
         while not m.is_accepting() and len(out) < room:
-            m.unsafe_compute_mask_ptr(self._scratch.ctypes.data, self._scratch.nbytes)
-            t = next((t for t in self.byte_token if self._scratch[t >> 5] >> (t & 31) & 1), None)
+            t = self._next(m)
             if t is None or not m.consume_token(t):
                 break
             out.append(t)
+        if not out and not m.is_accepting():  # no completion found: the mask alone decides (never EOS)
+            return None
         return out if len(out) + CLOSE_MARGIN >= room else None
+
+    def _next(self, m: llguidance.LLMatcher) -> Optional[int]:
+        """The completion's next token: the first single-byte token in `_PRIORITY` the grammar
+        allows, else the lowest allowed token id that is not EOS; None if none is allowed."""
+        w = self._scratch
+        m.unsafe_compute_mask_ptr(w.ctypes.data, w.nbytes)
+        w[self.eos >> 5] &= ~np.uint32(1 << (self.eos & 31))
+        t = next((t for t in self.byte_token if w[t >> 5] >> (t & 31) & 1), None)
+        if t is None and (nz := np.flatnonzero(w)).size:
+            word = int(w[nz[0]])
+            t = int(nz[0]) * 32 + (word & -word).bit_length() - 1
+        return t
