@@ -135,7 +135,7 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
             except InvalidRequest:
                 valid["refused at gen_length", False] += 1
         for (r, s), out in zip(chunk, llm.run(seqs)):
-            why = validates(r["schema"], out.text)
+            why = f"failed: {out.error}"[:160] if out.error else validates(r["schema"], out.text)
             valid[r["path"], why is None] += 1
             length += out.finish_reason.value == "length"
             if why:
