@@ -75,7 +75,7 @@ def chat_turns(model: str, repeats: int) -> None:
         print(f"{t:>4}  {400 + 12 * t + 16 * (t - 1):>7}  {c * 1e3:7.1f}  {w * 1e3:9.1f}  {w / c:5.2f}")
 
 
-def stall(model: str, chunked: bool, rng: random.Random) -> tuple[float, float, int]:
+def stall(model: str, chunked: bool, rng: random.Random) -> tuple[float, float, int, float]:
     """8 short streams step alone (the baseline), then a 900-token prompt arrives: the longest of
     their steps while it prefills, the median before; how many steps its prefill took."""
     llm = engine(model, cache=False, chunked=chunked)
@@ -96,19 +96,22 @@ def stall(model: str, chunked: bool, rng: random.Random) -> tuple[float, float, 
         during.append(rec.ended - rec.started)
         steps += 1
     assert not any(s.finished for s in streams), "the streams must outlive the prefill"
-    return max(during), statistics.median(before[2:]), steps
+    return max(during), statistics.median(before[2:]), steps, statistics.median(during)
 
 
 def chunked_prefill(model: str, repeats: int) -> None:
     print(f"\nstep latency of 8 running streams (16-token prompts, block 4) while a 900-token prompt prefills, "
           f"median of {repeats} [{model}]")
-    print("prefill      base step ms  worst step ms  ratio  prefill steps")
+    print("prefill      base step ms  worst step ms  ratio  median during ms  ratio  prefill steps")
     for chunked in (True, False):
         rows = [stall(model, chunked, random.Random(100 + r)) for r in range(repeats)]
         worst, base = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
         ratio = statistics.median(r[0] / r[1] for r in rows)
+        mid = statistics.median(r[3] for r in rows)
+        mid_ratio = statistics.median(r[3] / r[1] for r in rows)
         name = "chunked" if chunked else "one forward"
-        print(f"{name:<12} {base * 1e3:12.1f}  {worst * 1e3:13.1f}  {ratio:5.2f}  {rows[0][2]:>13}")
+        print(f"{name:<12} {base * 1e3:12.1f}  {worst * 1e3:13.1f}  {ratio:5.2f}  {mid * 1e3:16.1f}  {mid_ratio:5.2f}"
+              f"  {rows[0][2]:>13}")
 
 
 def main() -> None:
