@@ -99,11 +99,14 @@ class Closer:
 
     def __init__(self, ll: llguidance.LLTokenizer, words: int, eos: int):
         self.words, self.eos = words, eos
-        self.byte_token = []  # (byte's token id) in _PRIORITY order, for bytes that are one token
+        self.byte_token: list[int] = []  # (byte's token id) in _PRIORITY order, for bytes that are one token
+        self.digits: set[int] = set()
         for b in dict.fromkeys(_PRIORITY):
             ids = ll.tokenize_bytes(bytes([b]))
             if len(ids) == 1:
                 self.byte_token.append(ids[0])
+                if 48 <= b <= 57:
+                    self.digits.add(ids[0])
         self._scratch = np.zeros(words, dtype=np.uint32)
 
     def closing(self, matcher: llguidance.LLMatcher, room: int) -> Optional[list[int]]:
@@ -113,7 +116,7 @@ class Closer:
             return []
         m, out = matcher.deep_copy(), []
         while not m.is_accepting() and len(out) < room:
-            t = self._next(m)
+            t = self._next(m, self._repeating(out))
             if t is None or not m.consume_token(t):
                 break
             out.append(t)
@@ -121,13 +124,25 @@ class Closer:
             return None
         return out if len(out) + CLOSE_MARGIN >= room else None
 
-    def _next(self, m: llguidance.LLMatcher) -> Optional[int]:
+    def _repeating(self, out: list[int]) -> set[int]:
+        """Tokens to try last: a run of 3 digits, or of one token, would go on forever where the
+        grammar allows it (a date-time's fraction digits: '57.000...')."""
+        tail = out[-3:]
+        if len(tail) < 3:
+            return set()
+        if all(t in self.digits for t in tail):
+            return self.digits
+        return {tail[0]} if len(set(tail)) == 1 else set()
+
+    def _next(self, m: llguidance.LLMatcher, later: set[int]) -> Optional[int]:
         """The completion's next token: the first single-byte token in `_PRIORITY` the grammar
-        allows, else the lowest allowed token id that is not EOS; None if none is allowed."""
+        allows (those in `later` last), else the lowest allowed token id that is not EOS; None
+        if none is allowed."""
         w = self._scratch
         m.unsafe_compute_mask_ptr(w.ctypes.data, w.nbytes)
         w[self.eos >> 5] &= ~np.uint32(1 << (self.eos & 31))
-        t = next((t for t in self.byte_token if w[t >> 5] >> (t & 31) & 1), None)
+        order = [t for t in self.byte_token if t not in later] + [t for t in self.byte_token if t in later]
+        t = next((t for t in order if w[t >> 5] >> (t & 31) & 1), None)
         if t is None and (nz := np.flatnonzero(w)).size:
             word = int(w[nz[0]])
             t = int(nz[0]) * 32 + (word & -word).bit_length() - 1
