@@ -133,7 +133,8 @@ def test_real_runners_decode_the_same_when_their_reads_wait_for_during(arch, tin
     from tests.unit.block_references.checkpoints import write_sdar_checkpoint
 
     folder = tiny_model_dir if arch == "llada" else write_sdar_checkpoint(tmp_path, seed=0)
-    config = EngineConfig(max_batch=4, max_prompt_tokens=64, max_gen_length=64, prefill_chunk=8)
+    # No prefix cache: the second decode would find the first one's prompt blocks and run fewer forwards.
+    config = EngineConfig(max_batch=4, max_prompt_tokens=64, max_gen_length=64, prefill_chunk=8, prefix_cache_bytes=0)
     params = SamplingParams(gen_length=16, block_length=4, steps=8, threshold=0.5, stop_at_eos=False,
                             **({"kv_cache": "dual"} if arch == "llada" else {}))
     prompts = [[17, 201, 45], [88, 5, 140, 31, 77, 102, 15, 9], [12, 33, 99, 4]]
