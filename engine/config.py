@@ -46,7 +46,7 @@ class ModelConfig:
     out_bias: bool = False  # bias on the attention output projection
     logits_fp32: bool = False  # LLaDA2 returns float32 logits
     block_length: int = 0  # the trained block size of a block-diffusion model
-    num_experts: int = 0  # MoE layers (0: dense); see engine/moe.py
+    num_experts: int = 0  # MoE layers (0: dense); see engine/models/moe.py
     experts_per_token: int = 0
     num_shared_experts: int = 0
     moe_hidden_size: int = 0
@@ -325,13 +325,13 @@ class EngineConfig:
     kv_cache: Literal["none", "prefix", "dual"] = "none"  # full-canvas models; block models keep an exact one
     prefill_chunk: int = 256  # block models: most prompt tokens one request prefills per step
     # Block models: while other rows denoise, a prefill chunk is capped to their tokens of the step
-    # (engine/chunked_prefill.py), so a long prompt does not stall running streams.
+    # (engine/families/block/chunked_prefill.py), so a long prompt does not stall running streams.
     chunked_prefill: bool = True
-    # Block models' prefix cache across requests (engine/prefix_cache.py), in bytes: None is the
+    # Block models' prefix cache across requests (engine/models/prefix_cache.py), in bytes: None is the
     # default (DEFAULT_PREFIX_CACHE_BYTES on the CPU, where its exactness is tested; off on CUDA), 0 off.
     prefix_cache_bytes: Optional[int] = None
     # What one more forward costs, in tokens of padding: running requests of very different
-    # lengths step in separate forwards when that is cheaper (engine/batching.py). None: 256 on
+    # lengths step in separate forwards when that is cheaper (engine/loop/batching.py). None: 256 on
     # CPU, 4096 on CUDA (a GPU forward costs about the same for a few rows as for a full bucket).
     forward_overhead_tokens: Optional[int] = None
     # engine/parallel: ranks the model is split over (1: this process alone), experts whole per

@@ -15,23 +15,23 @@ from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
-from celeris.engine.block_runner import BlockRunner
+from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.config import EngineConfig, ModelConfig
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.family import FULL, REVISE_KNOBS, Family, family_of
-from celeris.engine.gemma_config import generation_eos, revise_defaults
-from celeris.engine.gemma_weights import is_gemma_folder, load_gemma
-from celeris.engine.knobs import KNOBS
-from celeris.engine.model import MaskPredictor, count_parameters
-from celeris.engine.params import SamplingParams
-from celeris.engine.revise_runner import ReviseRunner
+from celeris.engine.families.family import FULL, REVISE_KNOBS, Family, family_of
+from celeris.engine.families.revise.config import generation_eos, revise_defaults
+from celeris.engine.families.revise.weights import is_gemma_folder, load_gemma
+from celeris.engine.sampling.knobs import KNOBS
+from celeris.engine.models.transformer import MaskPredictor, count_parameters
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
-from celeris.engine.runner import Runner
-from celeris.engine.runner_api import StepRunner
-from celeris.engine.sequence import FinishReason, Sequence, StepEvent
-from celeris.engine.step_loop import StepLoop
+from celeris.engine.families.canvas.runner import Runner
+from celeris.engine.loop.runner_api import StepRunner
+from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.tokenizer import Tokenizer
-from celeris.engine.weights import load_model
+from celeris.engine.models.weights import load_model
 
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 # The models shipped inside the package, loadable by name (`--model celeris-tiny-block`).

@@ -16,13 +16,13 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
 
-from celeris.engine.block_sequence import BlockSequence
+from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.config import EngineConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.family import Family
-from celeris.engine.params import MAX_SEED, SamplingParams
-from celeris.engine.revise_request import RevisingSequence
-from celeris.engine.sequence import Sequence
+from celeris.engine.families.family import Family
+from celeris.engine.sampling.params import MAX_SEED, SamplingParams
+from celeris.engine.families.revise.sequence import RevisingSequence
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from celeris.engine.tokenizer import Tokenizer
 
@@ -162,7 +162,7 @@ class Requests:
         if v:
             raise InvalidRequest(v)
         seq = self._sequence(ids, params, rid, constraint)
-        seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/prefix_cache.py)
+        seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/models/prefix_cache.py)
         return seq
 
     def constraint(self, spec: Structured, params: SamplingParams) -> Constraint:

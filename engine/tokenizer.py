@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
 from celeris.engine.config import ModelConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, ModelLoadError
-from celeris.engine.sequence import stop_cut
 
 MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
 # End-of-turn tokens of the families we serve: generation stops at them like at EOS.
@@ -30,6 +29,23 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+
+def stop_cut(ids: Iterable[int], stop_ids: frozenset[int], mask_id: Optional[int] = None) -> int:
+    """Length of the prefix of `ids` before the first stop token (or, given `mask_id`, the first
+    still-masked position). The one stop-cut rule: every "ids up to the first stop" uses it.
+
+    It runs on every request's event of every step, in the step worker: one C-level `index`
+    scan per stop id, each bounded by the cut found so far, instead of a Python loop over the
+    canvas (at gen_length 256 and batch 32 that loop cost about a millisecond a step)."""
+    seq = ids if isinstance(ids, (list, tuple)) else list(ids)
+    n = len(seq)
+    for t in stop_ids if mask_id is None else (*stop_ids, mask_id):
+        try:
+            n = seq.index(t, 0, n)
+        except ValueError:
+            pass
+    return n
 
 
 class Tokenizer:

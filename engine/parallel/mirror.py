@@ -19,9 +19,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from celeris.engine.cache import BlockCache, CanvasCache
+from celeris.engine.models.cache import BlockCache, CanvasCache
 from celeris.engine.errors import Unavailable
-from celeris.engine.model import KVCache, MaskPredictor
+from celeris.engine.models.transformer import KVCache, MaskPredictor
 
 
 class WorkerLost(Unavailable):

@@ -26,10 +26,10 @@ from torch import nn
 
 from celeris.engine.config import ModelConfig
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.model import MaskPredictor
-from celeris.engine.moe import MoE, SwiGLU
+from celeris.engine.models.transformer import MaskPredictor
+from celeris.engine.models.moe import MoE, SwiGLU
 from celeris.engine.parallel.group import Group, Plan, check_sizes
-from celeris.engine.weights import _tensor_files, canonical_name, resolve_dtype, router_bias, skip_meta_init
+from celeris.engine.models.weights import _tensor_files, canonical_name, resolve_dtype, router_bias, skip_meta_init
 
 COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")

@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from celeris.engine.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
-from celeris.engine.model import KVCache
+from celeris.engine.models.cache import BlockCache, BlockKVStore, CanvasCache, KVCacheStore
+from celeris.engine.models.transformer import KVCache
 from celeris.engine.parallel.group import Plan, init_group, worker_store
 from celeris.engine.parallel.mirror import to_device
 from celeris.engine.parallel.shard import load_shard

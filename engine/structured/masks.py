@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.sampling_batch import Allowed
+from celeris.engine.sampling.batch import Allowed
 
 _BITS = torch.tensor([[(x >> j) & 1 for j in range(8)] for x in range(256)], dtype=torch.bool)  # (256, 8)
 

@@ -18,9 +18,9 @@ from typing import Optional
 
 import torch
 
-from celeris.engine.params import SamplingParams, fit_lengths
-from celeris.engine.reference import reference_generate
-from celeris.engine.sequence import FinishReason
+from celeris.engine.sampling.params import SamplingParams, fit_lengths
+from celeris.engine.sampling.reference import reference_generate
+from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.training import data, skill
 from celeris.engine.training.corpus import load_austen
 from celeris.engine.training.objective import model_loss

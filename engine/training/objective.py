@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from celeris.engine.attention import rope_tables
-from celeris.engine.model import MaskPredictor
+from celeris.engine.models.attention import rope_tables
+from celeris.engine.models.transformer import MaskPredictor
 
 EPS = 1e-3  # LLaDA's floor on the mask ratio, so 1/t stays bounded
 

@@ -30,11 +30,11 @@ from typing import Optional
 import torch
 
 from celeris.engine.config import ModelConfig
-from celeris.engine.model import MaskPredictor, count_parameters
+from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.training import data, skill, tasks
 from celeris.engine.training.corpus import corpus_source, load_austen, total_chars
 from celeris.engine.training.objective import model_loss
-from celeris.engine.weights import save_model
+from celeris.engine.models.weights import save_model
 
 # (d_model, heads, layers, mlp) of the sizes tried; "base" is what ships (see the model card).
 SIZES = {"small": (64, 2, 2, 128), "base": (128, 4, 4, 384), "wide": (192, 6, 4, 512), "deep": (128, 4, 8, 384)}

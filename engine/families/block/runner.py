@@ -1,0 +1,231 @@
+"""Runs one batched step of block-diffusion requests (SDAR, LLaDA2) over their exact KV caches.
+
+Every slot owns a row of token ids and a row of keys/values at absolute positions (column =
+position), so a request's cache is the prefix of its row: every block it has committed. A step
+batches all running requests whatever block each is at, in at most two forwards:
+
+- prefill rows: the next chunk of their prompt's whole blocks, block-causally (a query sees
+  every key whose block is not after its own), keys/values stored;
+- block rows: each request's current block over its cached prefix, bidirectional inside the
+  block. A denoise row then commits tokens (`sampler.select_tokens`, the published rules); a
+  store row (its block just finished) writes the block's keys/values to the cache.
+
+Fresh positions replace nothing: their keys/values are written in place at their columns of
+the slot's cache (a prefill's and a store row's for good; a denoise row's are rewritten by its
+block's store step), padded positions of shorter rows in scratch columns no real query sees, and
+attention reads each row's prefix where it lies (`cache.BlockCache`). On CUDA the block forward
+runs at static shapes (batch buckets, `attention.Spans` masks, the MoE's every-expert path) and
+replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the full-canvas runner's (`sampler.select_tokens` over a
+`SamplingBatch`) under the family's rule; the contract is `runner_api.StepRunner`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Optional, Sequence as Seq
+
+import torch
+
+from celeris.engine.models.attention import Spans
+from celeris.engine.families.block.sequence import DENOISE, PREFILL, BlockSequence
+from celeris.engine.models.cache import BlockCache, BlockKVStore
+from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
+from celeris.engine.config import EngineConfig
+from celeris.engine.families.family import Family, family_of
+from celeris.engine.models.graphs import GraphCache, use_graph
+from celeris.engine.models.transformer import MaskPredictor
+from celeris.engine.models.moe import ROW_ALIGN, MoE
+from celeris.engine.models.prefix_cache import slot_prefixes
+from celeris.engine.loop.runner_api import EMPTY, RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
+from celeris.engine.sampling.select import published_order, select_tokens, with_edits
+from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
+from celeris.engine.structured.constraint import window_masks
+
+
+class BlockRunner:
+    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
+        self.model, self.config = model, config
+        self.family = family or family_of(model.cfg)
+        self.device = next(model.parameters()).device
+        self.mask_id = model.cfg.mask_token_id
+        self.slots = config.max_batch
+        # Prompt + canvas rounded up to whole blocks (a block is at most gen_length long).
+        self.max_len = config.max_prompt_tokens + 2 * config.max_gen_length
+        self.tokens = torch.full((self.slots + 1, self.max_len), self.mask_id, dtype=torch.long, device=self.device)
+        # Scratch columns past max_len take padded fresh positions (a prefill chunk is the widest).
+        scratch = max(config.prefill_chunk, config.max_gen_length) + ROW_ALIGN
+        self.kv = model.kv_store(BlockKVStore, self.slots + 1, self.max_len, scratch=scratch)
+        self.prefixes = slot_prefixes(config, self.kv, self.device)  # None: no prefix cache
+        # The static-shape path (batch buckets, one masked kernel per layer, the MoE's static
+        # experts) is what a CUDA graph captures; on CUDA it always runs, replayed from graphs
+        # where the bucket policy says so. On the CPU rows attend one by one over views of the
+        # cache (bits independent of the batch); set `static` to run the graph's path eagerly.
+        # (A model split over ranks runs eager: its forward talks to the worker processes.)
+        self.use_graphs = self.device.type == "cuda" and config.cuda_graphs and isinstance(model, MaskPredictor)
+        self.static = self.device.type == "cuda"
+        self._graphs = GraphCache()
+        self._graphed = False
+        cfg = model.cfg  # a graphed MoE step computes every expert: E/k times the expert work
+        self._graph_cost = max(1, cfg.num_experts // cfg.experts_per_token) if cfg.num_experts else 1
+
+    @property
+    def static(self) -> bool:
+        return self._static
+
+    @static.setter
+    def static(self, on: bool) -> None:
+        self._static = on
+        # The MoE layers compute every expert at a static shape in a graph (its warm-up and
+        # capture); on the CPU the static path does so eagerly, where tests compare it with the
+        # expert loop. (An eager CUDA step keeps the loop: a launch per chosen expert.)
+        self._set_moe_static(on and self.device.type == "cpu")
+
+    def _set_moe_static(self, on: bool) -> None:
+        if not hasattr(self, "_moes"):  # found once: a MoE model holds thousands of modules
+            self._moes = [m for m in self.model.modules() if isinstance(m, MoE)]
+        for m in self._moes:
+            m.static = on
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    @staticmethod
+    def row_tokens(s: BlockSequence) -> int:
+        """Fresh columns of this row's next forward, plus its cached context at a 1/32 weight
+        (attention reads it): the scheduler's cost estimate."""
+        start, end = s.window
+        return end - start + start // 32
+
+    @staticmethod
+    def forward_kind(s: BlockSequence) -> bool:
+        """Prefill rows and the others run as separate forwards of a step (see `step`)."""
+        return s.phase == PREFILL
+
+    def load(self, seq: BlockSequence) -> None:
+        row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
+        row[:len(seq.prompt)] = torch.tensor(seq.prompt)
+        if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
+            row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
+        self.tokens[seq.slot].copy_(row.to(self.device))
+        if self.prefixes is not None:  # the prompt's cached blocks: prefill only the rest
+            self.prefixes.load(seq)
+
+    @property
+    def overlaps_host(self) -> bool:
+        """On an accelerator `step(during=...)` runs host work before the read of its results."""
+        return self.device.type != "cpu"
+
+    @torch.no_grad()
+    def step(self, seqs: Seq[BlockSequence], during: Optional[Callable[[], None]] = None
+             ) -> tuple[list[RowResult], StepStats]:
+        t0 = time.perf_counter()
+        forwards, widest, graphed, reads = 0, (0, 0, 0), False, []
+        cap_prefill_chunks(seqs, self.config.chunked_prefill)
+        for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
+                      [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
+            if not group:
+                continue
+            rows = [seqs[i] for i in group]
+            self._graphed = False
+            reads.append((group, self._forward(rows)))
+            if self.prefixes is not None and rows[0].phase == PREFILL:  # its keys/values are in the slots now
+                self.prefixes.offer(rows)
+            forwards += 1
+            graphed |= self._graphed
+            B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
+            widest = max(widest, (B * Wq, B, Wq))
+        results, committed = read_queued(reads, len(seqs), during)
+        return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
+                                  graphed, forwards)
+
+    def _forward(self, rows: list[BlockSequence]) -> Callable[[], list[RowResult]]:
+        """One forward over the rows' fresh windows; select where a row denoises. Every row's
+        keys/values land in the cache in place, so those of a prefill, a store step and an editing
+        block's last post step (`BlockSequence.stores_block`) are the ones kept."""
+        windows = [s.window for s in rows]
+        B, Wq, Lc = len(rows), max(e - s for s, e in windows), max(e for _, e in windows)
+        prefill = all(s.phase == PREFILL for s in rows)
+        if prefill:  # B * Wq a multiple of ROW_ALIGN: a prompt block's keys/values round alike in any chunk
+            Wq += -Wq % ROW_ALIGN
+        static = self.static and not prefill  # prefill chunks run eager at their exact shape
+        Bp = self.config.bucket_batch(B) if static else B
+        geo = [[s.slot, start, end - start, s.params.block_length if s.phase == PREFILL else 0]
+               for s, (start, end) in zip(rows, windows)]
+        geo += [[self.slots, 0, 0, 0]] * (Bp - B)  # padding rows: the spare slot, nothing real
+        slots, start, width, causal = torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device)
+        j = torch.arange(Wq, device=self.device)
+        real = j[None, :] < width[:, None]  # (Bp, Wq)
+        cols = torch.where(real, start[:, None] + j[None, :], self.max_len + j[None, :])  # padded -> scratch
+        ids = torch.gather(self.tokens[slots], 1, cols.clamp(max=self.max_len - 1))
+        ids = torch.where(real, ids, torch.full_like(ids, self.mask_id))
+        positions = start[:, None] + j[None, :]
+        if static:
+            Lk = min(self.config.bucket_length(Lc), self.max_len)
+            inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1), causal)
+            self._graphed = self.use_graphs and use_graph(Bp * Wq * self._graph_cost, self.config.graph_max_tokens)
+            if self._graphed:
+                self._set_moe_static(True)  # the warm-up runs the captured path too
+                try:
+                    logits = self._graphs.run((Bp, Wq, Lk), inputs, lambda *x: self._static_forward(Lk, *x),
+                                              self._harmless(Bp, Wq))
+                finally:
+                    self._set_moe_static(self._static and self.device.type == "cpu")
+            else:
+                logits = self._static_forward(Lk, *inputs)
+        else:
+            spans = Spans(width, start + width, causal)
+            cache = BlockCache(self.kv, slots, cols, Lc, [(s.slot, e) for s, (_, e) in zip(rows, windows)])
+            logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head=not prefill)
+        if prefill:
+            return lambda: [EMPTY] * B
+        return self._select(rows, logits[:B], ids[:B], real[:B], slots[:B], start[:B])
+
+    def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end, causal) -> torch.Tensor:
+        """The block forward at a fixed shape: one masked attention kernel per layer over the
+        first Lk cache columns, the MoE's static expert computation; what a CUDA graph captures."""
+        return self.model(ids, positions=positions, cache=BlockCache(self.kv, slots, cols, Lk),
+                          spans=Spans(q_len, k_end, causal))
+
+    def _harmless(self, B: int, Wq: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of a (B, Wq) bucket whose rows write only the spare slot's scratch columns."""
+        dev, j = self.device, torch.arange(Wq, device=self.device)
+        zeros = torch.zeros(B, dtype=torch.long, device=dev)
+        return (torch.full((B, Wq), self.mask_id, device=dev), j.expand(B, Wq).clone(),
+                torch.full((B,), self.slots, device=dev), (self.max_len + j).expand(B, Wq).clone(),
+                zeros, zeros + 1, zeros)
+
+    def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
+                slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:
+        """Commit tokens in the denoise rows' blocks, as the published loops choose them; the
+        call that reads the rows' results."""
+        B, Wq = ids.shape
+        dev = self.device
+        denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
+        candidate = real & (ids == self.mask_id) & denoise[:, None]
+        batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.noise_step, s.stop_ids, edits=s.edits_now)
+                                     for s in rows], B, self.model.cfg.vocab_size, dev)
+        pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
+        prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
+        canvas = self.tokens[slots] if batch.frequency is not None else None
+        front, allowed, failed = window_masks([None if s.constraint is None or s.phase != DENOISE else (
+            s.constraint, [s.window[0] + j - len(s.prompt) if j < s.window[1] - s.window[0] else -1 for j in range(Wq)])
+            for s in rows], Wq, dev)
+        if front is not None:  # structured rows: only their slots' fronts (none for a failed row)
+            candidate = candidate & front
+        # A denoise row with non-finite logits commits nothing and ends alone (runner_api.row_results).
+        bad = nonfinite_rows(logits, real & denoise[:, None])
+        candidate = isolate(candidate, bad)
+        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt, allowed)
+        sel = select_tokens(logits, batch, window, self.family.rule)
+        if dev.type == "cpu":  # the published tie order: torch.topk over the block
+            sel = published_order(sel, candidate, batch, self.family.rule, [(s.params.block_length, 0) for s in rows])
+        if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
+            editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])
+            sel = with_edits(sel, ids, editable, batch.editing)
+        new = torch.where(sel.commit, sel.x0, ids)
+        for r, s in enumerate(rows):  # write committed tokens back into each slot's row
+            w = s.window[1] - s.window[0]
+            self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
+        return functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)

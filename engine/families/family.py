@@ -1,0 +1,121 @@
+"""Model families, decided once when a model loads.
+
+A family says how requests of a model decode: which runner steps them (a whole canvas, or block by
+block over an exact cache), how its published sampler picks tokens (`SelectionRule`), which
+defaults a request starts from, and which sampling options it refuses. Everything else in the
+engine asks the `Family`, never the config's architecture name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional
+
+import torch
+
+from celeris.engine.errors import FieldViolation
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.batch import SelectionRule
+
+REVISE_ARCH = "diffusion-gemma"
+FULL, BLOCK, REVISE = "full", "block", "revise"
+# The knobs only a revising family reads, and the mask-model knobs it does not have.
+REVISE_KNOBS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
+                "confidence_threshold")
+_NOT_REVISING = ("temperature", "remasking", "threshold", "factor", "factor_rule", "schedule", "eps", "top_k",
+                 "top_p", "min_p", "frequency_penalty", "presence_penalty", "cfg_scale",
+                 "editing_threshold", "max_post_steps")
+# Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
+# default is 50 unless generation_config.json sets it: confidences are then ranked over the 50
+# most likely tokens' renormalised probabilities.
+DREAM_TOP_K = 50
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str  # llada, dream, sdar, llada2, diffusion-gemma
+    # FULL (LLaDA, Dream: a whole canvas, approximate caches), BLOCK (SDAR, LLaDA2: exact cache) or
+    # REVISE (DiffusionGemma: uniform-noise canvases re-sampled until a rule stops each; what a
+    # stream shows of the canvas being denoised may still change)
+    kind: str
+    rule: Optional[SelectionRule]
+    block_length: int = 0  # the trained block size of a block family
+    edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
+
+    @property
+    def block(self) -> bool:
+        return self.kind == BLOCK
+
+    @property
+    def revising(self) -> bool:
+        """Shown tokens may change until final (DiffusionGemma), not only masks get filled."""
+        return self.kind == REVISE
+
+    @property
+    def default_kv_cache(self) -> str:
+        """What a request decodes over when it asks for nothing: block families' exact cache."""
+        return "exact" if self.kind in (BLOCK, REVISE) else "none"
+
+    def base_params(self) -> SamplingParams:
+        """Defaults before a checkpoint's own: a block family decodes in its trained block size,
+        one token per step (SDAR's and LLaDA2's published step counts equal the block length)."""
+        base = SamplingParams()
+        if self.revising:  # one canvas; steps and blocks mean nothing to it (its knobs are REVISE_KNOBS)
+            return replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
+        if self.arch == "dream":  # transformers' GenerationConfig default, which Dream's loop inherits
+            return replace(base, top_k=DREAM_TOP_K)
+        if not self.block:
+            return base
+        base = replace(base, block_length=self.block_length, steps=base.gen_length)
+        # LLaDA2.1's published generate(): threshold 0.95, editing_threshold 0.9, max_post_steps 16.
+        return replace(base, threshold=0.95, editing_threshold=0.9, max_post_steps=16) if self.edits else base
+
+    def violations(self, p: SamplingParams) -> list[FieldViolation]:
+        """Options this family's decoding does not have, by field."""
+        if self.revising:
+            return self._revise_violations(p)
+        base = SamplingParams()
+        bad = [FieldViolation(name, "only revising models (DiffusionGemma) have it")
+               for name in REVISE_KNOBS if getattr(p, name) != getattr(base, name)]
+        if p.editing_threshold is not None and not self.edits:
+            bad.append(FieldViolation("editing_threshold", "this model never replaces a token it wrote; token editing "
+                                                           "is LLaDA2.1's"))
+        if not self.block:
+            return bad
+        if p.kv_cache not in (None, "none"):
+            bad.append(FieldViolation("kv_cache", "block-diffusion models always decode over their exact block "
+                                                  "cache; prefix/dual are full-canvas approximations"))
+        if p.schedule != "llada":
+            bad.append(FieldViolation("schedule", "block-diffusion models use their published per-block schedule"))
+        if p.cfg_scale > 0:
+            bad.append(FieldViolation("cfg_scale", "classifier-free guidance is not supported for block-diffusion "
+                                                   "models"))
+        return bad
+
+
+    @staticmethod
+    def _revise_violations(p: SamplingParams) -> list[FieldViolation]:
+        """DiffusionGemma samples by its own temperature schedule and entropy bound: the mask
+        models' selection knobs are refused when set away from their defaults."""
+        base = {f.name: f.default for f in fields(SamplingParams)}
+        bad = [FieldViolation(name, "not a knob of revising models (DiffusionGemma): see max_denoising_steps, "
+                                    "entropy_bound, t_min, t_max, stability_threshold, confidence_threshold")
+               for name in _NOT_REVISING if getattr(p, name) != base[name]]
+        if p.kv_cache not in (None, "none", "exact"):
+            bad.append(FieldViolation("kv_cache", "revising models always decode over their exact cache"))
+        return bad
+
+
+def family_of(cfg) -> Family:
+    """The family of a loaded model's config (a ModelConfig, or DiffusionGemma's GemmaConfig)."""
+    if getattr(cfg, "arch", "") == REVISE_ARCH:
+        return Family(REVISE_ARCH, REVISE, None, cfg.canvas_length)
+    if cfg.family == BLOCK:
+        # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
+        rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)
+        return Family(cfg.arch, BLOCK, rule, cfg.block_length, edits=cfg.token_editing)
+    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype, after top-k
+        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True,
+                                                    conf_after_filter=True))
+    # LLaDA's first published generate() and Fast-dLLM: float64 confidences over the raw logits.
+    return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, torch.float64))

@@ -1,0 +1,117 @@
+"""Runs one batched step of revising-model requests (DiffusionGemma) over `revise_sequence.step_rows`.
+
+Each slot holds one `ReviseSequence`: its exact KV cache (prompt and committed canvases), its
+canvas, self-conditioning logits and its own CPU random stream, seeded as `torch.manual_seed(seed)`
+seeds the global one, so a request decodes the same text alone or batched and the text
+transformers' generate() gives that prompt and seed. A step runs one denoiser forward over every
+row, whatever canvas and step each is at (keys padded per row); a canvas that stops is encoded
+into its row's cache in the same step. A row whose own part of the step fails (non-finite logits,
+its structure, its advance) comes back as `RowResult.error` and ends alone (`step_loop.apply_row`);
+only the forward fails the batch. The contract is `runner_api.StepRunner`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence as Seq
+
+import torch
+
+from celeris.engine.config import EngineConfig
+from celeris.engine.errors import row_error
+from celeris.engine.families.family import Family
+from celeris.engine.families.revise.model import DiffusionGemma
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.families.revise.sequence import RevisingSequence
+from celeris.engine.families.revise.sampler import ReviseParams, StepResult
+from celeris.engine.families.revise.slots import ReviseSequence, RowStep, step_rows
+from celeris.engine.sampling.select import token_logprobs
+from celeris.engine.loop.runner_api import RowResult, StepStats, row_logprobs
+
+DENOISE = "denoise"
+
+
+def revise_params(p: SamplingParams) -> ReviseParams:
+    """A request's diffusion settings, from its sampling parameters."""
+    return ReviseParams(max_denoising_steps=p.max_denoising_steps, entropy_bound=p.entropy_bound, t_min=p.t_min,
+                        t_max=p.t_max, stability_threshold=p.stability_threshold,
+                        confidence_threshold=p.confidence_threshold)
+
+
+class ReviseRunner:
+    def __init__(self, model: DiffusionGemma, config: EngineConfig, family: Family):
+        self.model, self.config, self.family = model, config, family
+        self.slots = config.max_batch
+        self.canvas_length = model.cfg.canvas_length
+        self.pad_id = model.cfg.pad_token_id
+        self.rows: dict[int, ReviseSequence] = {}  # slot -> the model side of its request
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    def row_tokens(self, s: RevisingSequence) -> int:
+        """The canvas's queries over the keys it reads: prompt, committed canvases, the canvas."""
+        return self.canvas_length + len(s.prompt) + s.final_length
+
+    @staticmethod
+    def forward_kind(s: RevisingSequence) -> str:
+        return DENOISE  # every row shares the one denoiser forward
+
+    def load(self, seq: RevisingSequence) -> None:
+        """Encode the prompt into a fresh cache and draw the first canvas (the request's first
+        random draw)."""
+        p = seq.params
+        self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
+                                             p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
+                                             constraint=seq.constraint, min_tokens=p.min_tokens)
+
+    def release(self, slot: int) -> None:
+        """The slot's request left (finished, a stop string, cancelled): drop its cache now."""
+        self.rows.pop(slot, None)
+
+    def step(self, seqs: Seq[RevisingSequence]) -> tuple[list[RowResult], StepStats]:
+        t0 = time.perf_counter()
+        rows = [self.rows[s.slot] for s in seqs]
+        settled = [len(r.final) for r in rows]
+        steps = step_rows(self.model, rows)
+        results = [self._row(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
+        keys = max(self.row_tokens(s) for s in seqs)
+        committed = sum(len(x.positions) for x in results)
+        return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,
+                                  time.perf_counter() - t0)
+
+    def _row(self, seq: RevisingSequence, row: ReviseSequence, res: RowStep, before: int) -> RowResult:
+        """This row's record, or its own error (`step_rows`; or reading its result raised): the step
+        loop ends that request alone (`step_loop.apply_row`, which releases its slot and so its
+        cache here) and the other rows' records are as without it."""
+        if isinstance(res, Exception):
+            return RowResult([], [], [], error=res)
+        try:
+            return self._result(seq, row, res, before)
+        except Exception as exc:
+            return RowResult([], [], [], error=row_error(exc))
+
+    def _result(self, seq: RevisingSequence, row: ReviseSequence, res: Optional[StepResult],
+                before: int) -> RowResult:
+        """What this step wrote: every position of the canvas it denoised (from offset `before`) whose
+        shown token changed, and, when that canvas stopped, all of it (its positions became final)."""
+        view = row.final + row.draft
+        end = min(len(view), before + self.canvas_length)
+        stopped = len(row.final) > before
+        shown = seq.canvas
+        positions = [i for i in range(before, end) if stopped or view[i] != shown[i]]
+        conf = [] if res is None else torch.softmax(res.logits, -1).amax(-1).tolist()
+        tokens = [view[i] for i in positions]
+        lps = ()
+        if stopped and res is not None and seq.params.logprobs is not None:
+            lps = _canvas_logprobs(res.raw, tokens, seq.params.logprobs)
+        return RowResult(positions, tokens, [conf[i - before] if conf else 0.0 for i in positions], lps,
+                         final=len(row.final), done=row.finished)
+
+
+def _canvas_logprobs(raw: torch.Tensor, tokens: list[int], top: int) -> tuple:
+    """RowResult.logprobs of a committed canvas: each token's log-probability under the model's own
+    logits at the step that committed it (no temperature), with the `top` most likely alternatives."""
+    n = len(tokens)
+    return row_logprobs(token_logprobs(raw[None, :n], torch.tensor([tokens]), top), 0, torch.arange(n))

@@ -1,0 +1,168 @@
+"""The contract between the step loop and a runner, and the records that cross it.
+
+A runner owns the device state of every slot (canvases, caches) and runs one batched step:
+`StepLoop` hands it the rows that step and gets one `RowResult` per row back, plus the step's
+`StepStats`. Two runners implement it: `runner.Runner` (full-canvas: LLaDA, Dream) and
+`block_runner.BlockRunner` (block diffusion: SDAR, LLaDA2); `sim_runner.SimRunner` fakes one
+for benchmarks. `row_results` is the one place a step's device results become host records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence as Seq
+
+import torch
+
+from celeris.engine.errors import RowFailed
+from celeris.engine.sampling.select import token_logprobs
+from celeris.engine.sampling.batch import SamplingBatch, Selection
+from celeris.engine.loop.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What one request got from one step: block-relative positions, tokens, confidences, and
+    (when asked) each token's log-probability with its top alternatives ((id, logprob), ...)."""
+
+    positions: list[int]
+    tokens: list[int]
+    confidences: list[float]
+    logprobs: tuple = ()  # per position: (logprob, ((id, logprob), ...))
+    # With params.provisional: (position, token, confidence) of every candidate left masked.
+    provisional: tuple = ()
+    # Revising families (revise_runner.py): `positions` are output offsets written this step,
+    # `final` how many output positions are now final, `done` whether the request ended.
+    final: int = 0
+    done: bool = False
+    # This row's own part of the step failed (its structure, non-finite logits): it committed
+    # nothing and its request ends with this error (step_loop.apply_row); the batch steps on.
+    error: Optional[Exception] = None
+
+
+EMPTY = RowResult([], [], [])
+NONFINITE = "the model's logits for this request were not finite (NaN or infinity); the other requests were not affected"
+
+
+@dataclass(frozen=True)
+class StepStats:
+    batch: int  # requests served
+    bucket_batch: int
+    bucket_length: int
+    window: int
+    committed: int
+    seconds: float
+    cuda_graph: bool = False
+    forwards: int = 1  # model calls this step (more than one when cache refresh groups differ)
+
+
+class StepRunner(Protocol):
+    """What `StepLoop` needs of a runner."""
+
+    slots: int  # rows of device state: at most this many requests run at once
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        """What one more forward costs, in tokens of padding it would save (the grouping's price)."""
+
+    def row_tokens(self, seq: Sequence) -> int:
+        """Columns this row's next forward computes: the scheduler's cost estimate."""
+
+    def forward_kind(self, seq: Sequence) -> object:
+        """Which of the step's forwards this row joins; rows of different kinds never share one."""
+
+    def load(self, seq: Sequence) -> None:
+        """Write a newly admitted request into its slot."""
+
+    def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
+        """One denoising step for every row: results in the same order. A runner whose
+        `overlaps_host` is true also takes `during`, a callable it runs exactly once, after the
+        step's device work is queued and before the host waits for its results (host work
+        that overlaps the device's; `StepLoop.step_later`)."""
+
+    # Optional: `release(slot)`, called on the step thread when a request leaves its slot
+    # (finished, cancelled, failed), by a runner that holds per-request state outside
+    # preallocated slot rows (revise_runner: each request's own cache).
+    # Optional: `resumable(seq) -> bool`, whether `load(seq)` into any slot, where its canvas
+    # stands, continues `seq` token for token; only such a runner preempts samples for another
+    # client's share of the slots (engine/loop/fair_share.py). Without it, none is ever preempted.
+
+
+def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,
+                during: Optional[Callable[[], None]]) -> tuple[list[RowResult], int]:
+    """A step's results once every group's device work is queued: `during` first (host work
+    beside the device's), then each group's read (`row_results`, the host's wait) into the rows
+    it holds, of n. -> (results by row, tokens committed)."""
+    if during is not None:
+        during()
+    results, committed = [EMPTY] * n, 0
+    for rows, read in reads:
+        for i, r in zip(rows, read()):
+            results[i] = r
+            committed += len(r.positions)
+    return results, committed
+
+
+def nonfinite_rows(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: rows whose logits (B, W, V) hold a NaN or +inf at a `real` (B, W) column (not
+    padding, whose queries may see no key), read before selection masks anything to -inf. One
+    reduction: a column's sum is NaN or +inf exactly then (-inf alone, which a model may write
+    for ids it never emits, sums to -inf)."""
+    total = logits.sum(dim=-1, dtype=torch.float32)  # (B, W)
+    return ((total.isnan() | (total == float("inf"))) & real).any(dim=1)
+
+
+def isolate(candidate: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """`candidate` (B, W) with the failed rows' `bad` (B,) columns off: such a row commits
+    nothing and writes nothing back; every other row's selection is its own, unchanged."""
+    return candidate & ~bad[:, None]
+
+
+def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
+                logits: torch.Tensor, bad: Optional[torch.Tensor] = None,
+                failed: Optional[dict[int, Exception]] = None) -> list[RowResult]:
+    """The host records of a step's real rows: one device->host copy of the commits, tokens and
+    confidences (the step's synchronisation), plus log-probabilities (of the raw logits) and the
+    provisional picks where rows ask for them. A row in `failed` (host-known, e.g. its structure
+    raised) or flagged in `bad` (B,) (non-finite logits) gets its error instead."""
+    out = _rows(sel, new, candidate, batch, logits)
+    errors = dict(failed or {})
+    if bad is not None:
+        errors.update((r, RowFailed(NONFINITE)) for r in bad[:len(out)].cpu().nonzero().flatten().tolist()
+                      if r not in errors)
+    for r, e in errors.items():
+        out[r] = RowResult([], [], [], error=e)
+    return out
+
+
+def _rows(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
+          logits: torch.Tensor) -> list[RowResult]:
+    n = batch.rows
+    commit, tokens, conf = sel.commit[:n].cpu(), new[:n].cpu(), sel.conf[:n].float().cpu()
+    top = batch.top_logprobs
+    lps = None if top < 0 else tuple(None if t is None else t[:n].cpu() for t in token_logprobs(logits, new, top))
+    guess = torch.where(candidate & ~sel.commit, sel.x0, -1)[:n].cpu() if any(batch.provisional) else None
+    out = []
+    for r in range(n):
+        pos = commit[r].nonzero().flatten()
+        lp = row_logprobs(lps, r, pos) if batch.logprobs[r] is not None else ()
+        prov = _row_provisional(guess, conf, r) if batch.provisional[r] else ()
+        out.append(RowResult(pos.tolist(), tokens[r, pos].tolist(), conf[r, pos].tolist(), lp, prov))
+    return out
+
+
+def row_logprobs(extra: Optional[tuple], r: int, pos: torch.Tensor) -> tuple:
+    """RowResult.logprobs of row r's committed positions from host `token_logprobs` outputs."""
+    chosen, values, ids = extra
+    lp = chosen[r, pos].tolist()
+    if values is None:
+        return tuple((x, ()) for x in lp)
+    v, i = values[r, pos].tolist(), ids[r, pos].tolist()
+    return tuple((x, tuple(zip(ii, vv))) for x, ii, vv in zip(lp, i, v))
+
+
+def _row_provisional(guess: torch.Tensor, conf: torch.Tensor, r: int) -> tuple:
+    """RowResult.provisional of row r: `guess` holds the sampler's pick at each candidate it left
+    masked and -1 elsewhere; `conf` the confidences it ranked by."""
+    pos = (guess[r] >= 0).nonzero().flatten()
+    return tuple(zip(pos.tolist(), guess[r, pos].tolist(), conf[r, pos].tolist()))
