@@ -7,7 +7,7 @@
 The model is random (its speed, not its text, is the point): LLaDA's layout (no cache, float64
 confidences, x0 from the raw logits) with tiny layers, so the vocabulary-sized work (the head,
 selection over the window) weighs as it does beside a real model's first layers on a CPU. Both
-dtypes step the same requests through `celeris.engine.runner.Runner` (gen_length 256, steps 256: one
+dtypes step the same requests through `celeris.engine.families.canvas.runner.Runner` (gen_length 256, steps 256: one
 token a step, fixed schedule, low_confidence), alternating fp32 and bf16 runs; each run times
 `--steps` steps after a warm-up, and the run with the median step time is reported whole.
 
@@ -34,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import celeris.engine.runner as runner_mod  # noqa: E402
-import celeris.engine.sampler as sampler_mod  # noqa: E402
+import celeris.engine.families.canvas.runner as runner_mod  # noqa: E402
+import celeris.engine.sampling.select as sampler_mod  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
-from celeris.engine.model import MaskPredictor  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
-from celeris.engine.runner import Runner  # noqa: E402
-from celeris.engine.sequence import Sequence  # noqa: E402
+from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
+from celeris.engine.families.canvas.runner import Runner  # noqa: E402
+from celeris.engine.loop.sequence import Sequence  # noqa: E402
 
 VOCAB = 126_464  # LLaDA-8B's vocabulary (and embedding) size
 

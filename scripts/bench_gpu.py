@@ -29,14 +29,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(Path(__file__).resolve().parent)]
 
-from celeris.engine.block_runner import BlockRunner  # noqa: E402
-from celeris.engine.block_sequence import BlockSequence  # noqa: E402
+from celeris.engine.families.block.runner import BlockRunner  # noqa: E402
+from celeris.engine.families.block.sequence import BlockSequence  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
-from celeris.engine.graphs import eager_capture  # noqa: E402
-from celeris.engine.model import MaskPredictor  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
-from celeris.engine.runner import Runner  # noqa: E402
-from celeris.engine.sequence import Sequence  # noqa: E402
+from celeris.engine.models.graphs import eager_capture  # noqa: E402
+from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
+from celeris.engine.families.canvas.runner import Runner  # noqa: E402
+from celeris.engine.loop.sequence import Sequence  # noqa: E402
 
 LLADA_8B = ModelConfig(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288,
                        vocab_size=126464, embedding_size=126464, rope_theta=500000.0, mask_token_id=126336,

@@ -20,10 +20,10 @@ from bench_serving import TENSOR_THREAD, cell, engine_cell, request_specs  # noq
 from benchmark import TEXT_PROMPTS  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
 from celeris.engine.llm import EMBEDDED_MODELS, LLM  # noqa: E402
-from celeris.engine.model import MaskPredictor  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
 from celeris.engine.threads import available_cpus, serving_threads  # noqa: E402
-from celeris.engine.weights import save_model  # noqa: E402
+from celeris.engine.models.weights import save_model  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 
 

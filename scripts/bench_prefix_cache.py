@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from celeris.engine.block_sequence import PREFILL
+from celeris.engine.families.block.sequence import PREFILL
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 
 PARAMS = dict(gen_length=16, block_length=4, steps=16, seed=0)
 

@@ -15,7 +15,7 @@ rows are `LLM.generate` in this process, stepped on the thread that loaded the m
 steps, with the same prompts, parameters, threads and waves; their `fwd ms` is the engine's whole
 step (wall time per step), set beside the server's forward.
 
-GPU-shaped simulation: a second server with `--simulate-step-ms` (engine/sim_runner.py) serves
+GPU-shaped simulation: a second server with `--simulate-step-ms` (engine/loop/sim_runner.py) serves
 `--sim-batch` concurrent every-step streams; its steps/s is set beside the simulated runner's own
 steps/s in a bare loop. Medians of --repeats; report written with --json.
 """
@@ -43,9 +43,9 @@ from benchmark import TEXT_PROMPTS, run_engine  # noqa: E402
 from celeris_client.progress import percentile  # noqa: E402
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
-from celeris.engine.scheduler import Scheduler  # noqa: E402
-from celeris.engine.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
+from celeris.engine.loop.scheduler import Scheduler  # noqa: E402
+from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens  # noqa: E402
 from celeris.engine.threads import TensorThread, available_cpus, serving_threads  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 from serving_report import format_report, median_by, targets  # noqa: E402

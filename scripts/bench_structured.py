@@ -140,8 +140,8 @@ def llada_vocab_tokenizer(folder: Path) -> None:
 def llada_vocab_model(folder: Path) -> Path:
     """A random model with LLaDA-8B's vocabulary and tokenizer shape and small layers (LLADA)."""
     from celeris.engine.config import ModelConfig
-    from celeris.engine.model import MaskPredictor
-    from celeris.engine.weights import save_model
+    from celeris.engine.models.transformer import MaskPredictor
+    from celeris.engine.models.weights import save_model
     folder.mkdir(parents=True, exist_ok=True)
     llada_vocab_tokenizer(folder)
     cfg = json.loads((EMBEDDED_MODELS["celeris-tiny"] / "config.json").read_text()) | {

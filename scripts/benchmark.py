@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
-from celeris.engine.model import MaskPredictor  # noqa: E402
+from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
-from celeris.engine.reference import reference_generate  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
+from celeris.engine.sampling.reference import reference_generate  # noqa: E402
 from celeris.engine.training import data, skill  # noqa: E402
 
 TEXT_PROMPTS = ["It is a truth universally", "Emma Woodhouse, handsome, clever,", "Mr. Darcy", "She was",
@@ -66,7 +66,7 @@ class Run:
 
 
 def key_length(L: int, cache) -> int:
-    """Keys each of the L queries run attends to, per kind of cache (engine/model.py, cache.py):
+    """Keys each of the L queries run attends to, per kind of cache (engine/models/transformer.py, cache.py):
     a KVCache's whole row (its fresh columns replaced, not added), a CanvasCache's last `L`
     columns of the slot store, a BlockCache's first `length` (committed blocks and this one)."""
     if cache is None:

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.params import SamplingParams  # noqa: E402
+from celeris.engine.sampling.params import SamplingParams  # noqa: E402
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut,  # noqa: E402
                                                      write_llada21_checkpoint)
 

@@ -10,7 +10,7 @@ concurrent every-step delta streams of gen_length 256, steps 256, block 32, thre
 re-sent as they end. py-spy samples the server by wall time (`--idle`: waiting threads too). A
 sample is the step thread's when its stack holds `Scheduler._work`; idle when that thread waits
 for work (its `_kick`); the rest is the thread's busy time: a sample with a frame of the
-model's forward on its stack (engine/model.py, moe.py, gemma.py, attention.py, cache.py) is
+model's forward on its stack (engine/models/transformer.py, moe.py, gemma.py, attention.py, cache.py) is
 forward; else one with a frame of the runner around it (the runners, sampler, sampling batch,
 graphs) is runner; else the rest (the step loop, sequences, events, the hand-off). A wait for the
 GIL counts where the thread waits: inside the forward (a torch op returning) as forward.
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import TEXT_PROMPTS  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 
-FORWARD = ("engine/model.py", "engine/moe.py", "engine/gemma.py", "engine/attention.py", "engine/cache.py")
-RUNNER = ("engine/runner.py", "engine/block_runner.py", "engine/revise_runner.py", "engine/sampler.py",
-          "engine/sampling_batch.py", "engine/runner_api.py", "engine/graphs.py")
+FORWARD = ("engine/models/transformer.py", "engine/models/moe.py", "engine/families/revise/model.py", "engine/models/attention.py", "engine/models/cache.py")
+RUNNER = ("engine/families/canvas/runner.py", "engine/families/block/runner.py", "engine/families/revise/runner.py", "engine/sampling/select.py",
+          "engine/sampling/batch.py", "engine/loop/runner_api.py", "engine/models/graphs.py")
 
 
 def classify(frames: list[str]) -> str | None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from celeris.engine.llm import LLM
-from celeris.engine.params import fit_lengths
+from celeris.engine.sampling.params import fit_lengths
 from celeris.engine.threads import configure_threads
 from celeris.engine.training import data
 from celeris.engine.training.corpus import load_austen

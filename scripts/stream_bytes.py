@@ -16,7 +16,7 @@ import time
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM, Request
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from celeris.server.convert import ChoiceFormatter, StreamPlan
 
 

@@ -20,8 +20,8 @@ from grpc_reflection.v1alpha import reflection
 
 from celeris.v1 import generation_pb2, generation_pb2_grpc
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
-from celeris.engine.scheduler import Scheduler
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.scheduler import Scheduler
 from celeris.engine.threads import TensorThread
 from celeris.server.errors import PortInUse
 from celeris.server.guard import Guard

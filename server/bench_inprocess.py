@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.scheduler import Scheduler
+from celeris.engine.loop.scheduler import Scheduler
 
 FILLER = "The quick brown fox jumps over the lazy dog while the sea rolls in under a grey sky. "
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
-    """A flag for every knob of the table (engine/knobs.py). Every knob defaults to None: unset
+    """A flag for every knob of the table (engine/sampling/knobs.py). Every knob defaults to None: unset
     means the model's own default (generation_config.json)."""
-    from celeris.engine.knobs import BOOL, IDS, STRINGS, on
+    from celeris.engine.sampling.knobs import BOOL, IDS, STRINGS, on
 
     g = ap.add_argument_group("sampling (unset: the model's defaults)")
     for k in on("cli"):
@@ -34,8 +34,8 @@ def sampling_from_args(a: argparse.Namespace, defaults=None):
     """The given flags over `defaults`, steps and block length fitted to a --gen-length given
     alone, validated; errors name the flag (--block-length)."""
     from celeris.engine.errors import FieldViolation, InvalidRequest
-    from celeris.engine.knobs import on
-    from celeris.engine.params import SamplingParams, fit_lengths
+    from celeris.engine.sampling.knobs import on
+    from celeris.engine.sampling.params import SamplingParams, fit_lengths
 
     given = {k.name: getattr(a, k.name) for k in on("cli") if getattr(a, k.name, None) is not None}
     if "stop" in given:
@@ -88,7 +88,7 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:
     """EngineConfig fields of the prefix cache and chunked prefill flags (vLLM's names)."""
     from celeris.engine.config import EngineConfig
-    from celeris.engine.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, budget_from_gb
+    from celeris.engine.models.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, budget_from_gb
 
     enable, gb = getattr(a, "enable_prefix_caching", None), getattr(a, "prefix_cache_gb", None)
     budget = 0 if enable is False else budget_from_gb(gb) if gb is not None else (

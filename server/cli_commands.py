@@ -199,7 +199,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     llm = thread.call(LLM.load, source.path, cfg)
     apply_to_model(llm, a)  # --chat-template, --generation-config
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
-        from celeris.engine.sim_runner import simulate
+        from celeris.engine.loop.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
     settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token, rate_limit=a.rate_limit,

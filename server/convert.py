@@ -18,10 +18,10 @@ from google.protobuf.duration_pb2 import Duration
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.detok import IncrementalDetokenizer
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.engine.knobs import CHOICE, IDS, STRINGS, on
+from celeris.engine.sampling.knobs import CHOICE, IDS, STRINGS, on
 from celeris.engine.llm import Request
-from celeris.engine.params import SamplingParams, fit_lengths
-from celeris.engine.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.sampling.params import SamplingParams, fit_lengths
+from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 from celeris.server.structured_api import from_fields
 

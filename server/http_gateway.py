@@ -22,8 +22,8 @@ from aiohttp import web
 
 from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
 from celeris.engine.llm import LLM
-from celeris.engine.scheduler import Scheduler
-from celeris.engine.sequence import Sequence, StepEvent
+from celeris.engine.loop.scheduler import Scheduler
+from celeris.engine.loop.sequence import Sequence, StepEvent
 from celeris.server import openai_api
 from celeris.server.errors import RequestTimeout, error_body
 from celeris.server.http_body import read_json

@@ -1,6 +1,6 @@
 """vLLM's side endpoints on the HTTP gateway: `/ping` (SageMaker's health path, GET and POST, as
 vLLM serves it) and `/openapi.json`, an OpenAPI 3.1 description of the routes whose request
-schema is generated from the knob table (engine/knobs.py), so it cannot drift from what
+schema is generated from the knob table (engine/sampling/knobs.py), so it cannot drift from what
 the parser accepts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from celeris.engine.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
+from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
 
 PATHS = ("/ping", "/openapi.json")  # public, like /health: probes and tools carry no token
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.knobs import BOOL, CHOICE, FLOAT, INT, on
+from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, INT, on
 from celeris.engine.llm import Request
-from celeris.engine.params import MAX_SEED, SamplingParams, fit_lengths
+from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
 from celeris.engine.structured.constraint import Structured
 from celeris.server.errors import ModelNotFound, error_body, to_openai
 from celeris.server.structured_api import FIELDS as STRUCTURED_FIELDS, from_body as structured_from_body
 
-# Knob body fields by kind, from the knob table (engine/knobs.py), plus the OpenAI fields that
+# Knob body fields by kind, from the knob table (engine/sampling/knobs.py), plus the OpenAI fields that
 # are not knobs. Enum knobs travel as strings and are checked by the engine.
 INTS = (*(k.http for k in on("http", INT)), "max_completion_tokens", "n", "best_of", "top_logprobs")
 FLOATS = tuple(k.http for k in on("http", FLOAT))

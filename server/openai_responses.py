@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from celeris.engine.detok import IncrementalDetokenizer
-from celeris.engine.sequence import FinishReason, StepEvent
+from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}

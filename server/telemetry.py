@@ -37,9 +37,9 @@ from structlog.processors import ExceptionRenderer
 from structlog.tracebacks import ExceptionDictTransformer
 
 from celeris.engine.errors import clip
-from celeris.engine.scheduler import Scheduler
-from celeris.engine.step_loop import StepRecord
-from celeris.engine.sequence import StepEvent
+from celeris.engine.loop.scheduler import Scheduler
+from celeris.engine.loop.step_loop import StepRecord
+from celeris.engine.loop.sequence import StepEvent
 
 MAX_LOGGED_ERROR = 512  # characters of an error message in a log line
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)
@@ -190,7 +190,7 @@ class Metrics:
 
 
 class PrefixCacheCollector:
-    """The prefix cache's own counters, read at scrape time (engine/prefix_cache.py keeps them, so
+    """The prefix cache's own counters, read at scrape time (engine/models/prefix_cache.py keeps them, so
     the step thread pays nothing): hit tokens / queried prompt tokens (vLLM's pair), the bytes it
     holds against its budget, evictions."""
 

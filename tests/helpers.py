@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from celeris.engine.config import ModelConfig
-from celeris.engine.model import MaskPredictor
+from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.training import data
-from celeris.engine.weights import save_model
+from celeris.engine.models.weights import save_model
 
 TEXTS = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune,",
@@ -45,11 +45,11 @@ def make_model_dir(folder: Path, seed: int = 0, **cfg_overrides) -> Path:
 
 
 def simulated_llm(model_dir: Path, step_s: float, max_batch: int = 4):
-    """An LLM over `model_dir` whose runner is engine/sim_runner.py's, each step `step_s` long
+    """An LLM over `model_dir` whose runner is engine/loop/sim_runner.py's, each step `step_s` long
     (the tokenizer and request validation stay real)."""
     from celeris.engine.config import EngineConfig
     from celeris.engine.llm import LLM
-    from celeris.engine.sim_runner import simulate
+    from celeris.engine.loop.sim_runner import simulate
 
     llm = LLM.load(model_dir, EngineConfig(max_batch=max_batch, max_queue=2 * max_batch, max_prompt_tokens=64,
                                            max_gen_length=64))

@@ -7,7 +7,7 @@ import torch
 
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

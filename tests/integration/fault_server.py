@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from celeris.engine.runner import Runner
+from celeris.engine.families.canvas.runner import Runner
 from celeris.server.cli import main
 
 FAIL_AT = int(os.environ.get("CELERIS_FAULT_STEP", "2"))

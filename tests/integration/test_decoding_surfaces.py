@@ -11,7 +11,7 @@ import pytest
 
 from celeris.v1 import generation_pb2 as pb
 from celeris_client import CelerisClient, InvalidArgument
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.integration.conftest import collect, running_server
 from tests.integration.live_server import live_server
 

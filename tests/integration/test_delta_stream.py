@@ -129,7 +129,7 @@ async def test_delta_bytes_are_a_tenth_of_full_snapshots(llm256, gen):
         full = await collect(stub.Generate(request(pb.SNAPSHOT_FORMAT_FULL, **req)))
         delta = await collect(stub.Generate(request(pb.SNAPSHOT_FORMAT_DELTA, **req)))
     # A reader that falls behind (a loaded machine) gets some steps folded into one message
-    # (engine/request_stream.py), so the two streams need not have the same number of messages:
+    # (engine/loop/request_stream.py), so the two streams need not have the same number of messages:
     # compare bytes per message, and snapshots at the steps both streams sent.
     full_bytes, delta_bytes = sum(m.ByteSize() for m in full), sum(m.ByteSize() for m in delta)
     print(f"gen {gen}: {len(full)} / {len(delta)} messages, full {full_bytes} B, delta {delta_bytes} B "

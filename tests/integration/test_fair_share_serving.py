@@ -103,7 +103,7 @@ def test_another_client_is_served_beside_sixteen_samples_at_a_gpu_pace(spawn):
 
 def test_another_client_is_served_beside_sixteen_samples_of_the_real_model(spawn):
     """The tiny model on the CPU: the short call's row and the hog's long rows run as separate
-    forwards (engine/batching.py), so the short one steps at least every other step, and each
+    forwards (engine/loop/batching.py), so the short one steps at least every other step, and each
     step's time is the hog's long forward: the time ratio is the CPU's, not the policy's."""
     alone, beside, hog_running = _beside_the_hog(spawn)
     _report("celeris-tiny on the CPU", alone, beside)

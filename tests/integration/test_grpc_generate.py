@@ -13,7 +13,7 @@ from grpc_status import rpc_status
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.integration.conftest import collect, running_server, small
 
 MASK = "\u2592"

@@ -18,7 +18,7 @@ from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["It is a truth universally", "1 + 2 ="]

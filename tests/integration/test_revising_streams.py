@@ -39,8 +39,8 @@ def live(gemma_llm):
 
 def _library(llm) -> list[int]:
     """The library-level decode of PROMPT with KNOBS (the server is idle when tests call it)."""
-    from celeris.engine.revise_runner import revise_params
-    from celeris.engine.revise_sequence import generate
+    from celeris.engine.families.revise.runner import revise_params
+    from celeris.engine.families.revise.slots import generate
 
     params = llm.defaults.__class__(**(llm.defaults.__dict__ | KNOBS))
     return generate(llm.model, [2, 5, 6, 7], revise_params(params), KNOBS["seed"], 16, (), 0)
@@ -153,8 +153,8 @@ def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, 
     decodes what the library decodes for it alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from celeris.engine.revise_runner import revise_params
-    from celeris.engine.revise_sequence import generate
+    from celeris.engine.families.revise.runner import revise_params
+    from celeris.engine.families.revise.slots import generate
 
     jobs = [(3, 16), (4, 8), (5, 24), (6, 16)]
 
@@ -202,8 +202,8 @@ def test_logprobs_on_both_doors(live, gemma_llm):
 def test_n_samples_are_the_solo_decodes_of_consecutive_seeds(live, gemma_llm):
     """n = 3 in one call: sample j decodes what a request alone with seed + j decodes, each with its
     own random stream though all three share every forward."""
-    from celeris.engine.revise_runner import revise_params
-    from celeris.engine.revise_sequence import generate
+    from celeris.engine.families.revise.runner import revise_params
+    from celeris.engine.families.revise.slots import generate
 
     with CelerisClient(live.grpc_target) as c:
         results = c.sample(PROMPT, 3, **KNOBS)

@@ -112,7 +112,7 @@ def _get(url: str, method: str = "GET") -> tuple[int, dict]:
 
 def test_ping_and_openapi_from_the_knob_table(tiny_llm):
     jsonschema = pytest.importorskip("jsonschema")
-    from celeris.engine.knobs import on
+    from celeris.engine.sampling.knobs import on
 
     with live_server(tiny_llm, api_token="secret") as s:  # both public, like /health
         assert _get(s.http_url + "/ping")[0] == 200 and _get(s.http_url + "/ping", "POST")[0] == 200

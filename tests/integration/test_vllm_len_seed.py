@@ -40,7 +40,7 @@ def test_max_model_len_is_the_prompt_and_canvas_limits_sum():
 def test_max_model_len_is_what_the_server_reports_and_enforces():
     from celeris.engine.errors import InvalidRequest
     from celeris.engine.llm import LLM
-    from celeris.engine.params import SamplingParams
+    from celeris.engine.sampling.params import SamplingParams
     from celeris.engine.requests import Request
     from celeris.server.cli_args import engine_config_from_args
 
@@ -76,7 +76,7 @@ def test_max_model_len_over_the_models_own_limit_is_a_start_up_error():
 
 
 def _unseeded_texts(llm, n: int = 3) -> list[tuple[int, str]]:
-    from celeris.engine.params import SamplingParams
+    from celeris.engine.sampling.params import SamplingParams
 
     params = SamplingParams(gen_length=16, steps=8, block_length=8, temperature=1.0)
     prompt = llm.encode_prompt("It is a truth universally")

@@ -236,7 +236,7 @@ def test_the_default_prompt_is_one_the_embedded_model_answers():
     import re
 
     from celeris.engine.llm import LLM
-    from celeris.engine.params import fit_lengths
+    from celeris.engine.sampling.params import fit_lengths
 
     page = (Path(__file__).resolve().parents[2] / "clients" / "web" / "index.html").read_text()
     prompt = re.search(r'<textarea id="prompt"[^>]*>([^<]*)</textarea>', page).group(1)

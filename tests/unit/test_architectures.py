@@ -6,7 +6,7 @@ import pytest
 
 from celeris.engine.config import KNOWN_ARCHITECTURES, ModelConfig
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.weights import load_model
+from celeris.engine.models.weights import load_model
 
 DREAM = {
     "architectures": ["DreamModel"], "hidden_size": 64, "num_attention_heads": 4,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from celeris.engine.batching import Group, Picker, partition
+from celeris.engine.loop.batching import Group, Picker, partition
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
 

@@ -22,8 +22,8 @@ def _benchmark():
 
 
 def test_key_length_of_each_cache_kind():
-    from celeris.engine.cache import CanvasCache
-    from celeris.engine.model import KVCache
+    from celeris.engine.models.cache import CanvasCache
+    from celeris.engine.models.transformer import KVCache
 
     key_length = _benchmark().key_length
     assert key_length(8, None) == 8

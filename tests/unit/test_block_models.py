@@ -14,7 +14,7 @@ import torch
 from celeris.engine.config import EngineConfig
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
                                                      write_llada21_checkpoint, write_sdar_checkpoint)
 from tests.unit.block_references.generate import llada2_generate, llada21_generate, sdar_generate

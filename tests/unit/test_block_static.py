@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.attention import Spans
+from celeris.engine.models.attention import Spans
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 
 PROMPTS = [[17, 301, 45], [88, 5, 640, 31, 77, 402, 15, 9], [12, 33, 999, 4, 58, 61, 700, 13, 90, 210, 6]]
@@ -76,7 +76,7 @@ def test_every_expert_agrees_with_the_chosen_experts(tmp_path):
 
 
 def test_block_cache_writes_in_place_and_reads_views_of_the_store():
-    from celeris.engine.cache import BlockCache, BlockKVStore
+    from celeris.engine.models.cache import BlockCache, BlockKVStore
     from celeris.engine.config import ModelConfig
     cfg = ModelConfig(arch="sdar", d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
                       vocab_size=64, embedding_size=64, mask_token_id=3, eos_token_id=2, block_length=4)

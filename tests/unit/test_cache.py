@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.cache import KVCacheStore
+from celeris.engine.models.cache import KVCacheStore
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.helpers import random_model, tiny_config
 
 
@@ -146,7 +146,7 @@ def test_dual_cache_row_decodes_alone_what_it_decodes_beside_a_wider_block(tiny_
     block column, so the row's cached suffix (written in place by nobody else) stays as stored."""
     from celeris.engine.config import EngineConfig
     from celeris.engine.llm import LLM
-    from celeris.engine.params import SamplingParams
+    from celeris.engine.sampling.params import SamplingParams
     llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_prompt_tokens=64, max_gen_length=64, kv_cache="dual"))
     narrow = SamplingParams(gen_length=32, steps=16, block_length=8, seed=1, stop_at_eos=False)
     wide = SamplingParams(gen_length=32, steps=8, block_length=16, seed=2, stop_at_eos=False)

@@ -80,7 +80,7 @@ def test_run_timings_split_on_the_embedded_model():
 def test_skip_meta_init_only_skips_meta_tensors():
     import torch
 
-    from celeris.engine.weights import skip_meta_init
+    from celeris.engine.models.weights import skip_meta_init
 
     before = torch.nn.init.normal_
     with skip_meta_init():

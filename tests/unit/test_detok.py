@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from celeris.engine.detok import IncrementalDetokenizer
-from celeris.engine.sequence import stop_cut
+from celeris.engine.tokenizer import stop_cut
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 from celeris.engine.training import data
 from tests.helpers import tiny_config

@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig  # noqa: E402
 
 from celeris.engine.errors import ModelLoadError  # noqa: E402
-from celeris.engine.gemma_config import gemma_config  # noqa: E402
-from celeris.engine.gemma_weights import load_gemma  # noqa: E402
-from celeris.engine.revise_sampler import ReviseParams  # noqa: E402
-from celeris.engine.revise_sequence import ReviseSequence, generate  # noqa: E402
+from celeris.engine.families.revise.config import gemma_config  # noqa: E402
+from celeris.engine.families.revise.weights import load_gemma  # noqa: E402
+from celeris.engine.families.revise.sampler import ReviseParams  # noqa: E402
+from celeris.engine.families.revise.slots import ReviseSequence, generate  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint)
 
@@ -85,7 +85,7 @@ def test_logits_match_the_reference_forward(pair):
     cache = DynamicCache(config=ref.config.get_text_config(decoder=True))
     with torch.no_grad():
         want = ref(input_ids=prompt, past_key_values=cache, decoder_input_ids=canvas).logits
-    from celeris.engine.gemma import KVCache
+    from celeris.engine.families.revise.model import KVCache
 
     kv = KVCache(ours.cfg)
     ours.encode(prompt, kv)
@@ -108,7 +108,7 @@ def test_unsupported_text_options_are_refused():
 def test_batched_rows_decode_what_they_decode_alone(pair):
     """Rows of different prompts, seeds, settings and lengths join at different steps, share every
     forward, and finish at different steps: each decodes exactly its solo text."""
-    from celeris.engine.revise_sequence import step_rows
+    from celeris.engine.families.revise.slots import step_rows
 
     ours, _ = pair
     jobs = [(PROMPTS[0], 0, "steps", 16), (PROMPTS[1], 3, "rule", 10), (PROMPTS[2], 5, "confident", 16),

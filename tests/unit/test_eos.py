@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from celeris.engine.params import SamplingParams
-from celeris.engine.reference import reference_generate
-from celeris.engine.sequence import FinishReason, Sequence
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.reference import reference_generate
+from celeris.engine.loop.sequence import FinishReason, Sequence
 
 MASK, EOS = 3, 2
 
@@ -85,8 +85,8 @@ def test_reference_mode_stops_early_and_fills_eos(tiny_llm):
 def test_block_sequence_events_carry_the_same_truth():
     """Block-diffusion requests build their step events through the same helper: output view,
     settled positions, a ticket of their own."""
-    from celeris.engine.block_sequence import BlockSequence
-    from celeris.engine.params import SamplingParams
+    from celeris.engine.families.block.sequence import BlockSequence
+    from celeris.engine.sampling.params import SamplingParams
 
     p = SamplingParams(gen_length=8, steps=8, block_length=4, seed=0)
     a = BlockSequence("r", [1, 2, 3, 4, 5, 6], p, mask_id=99, stop_ids=frozenset({0}))

@@ -19,7 +19,7 @@ import torch
 from celeris.engine.config import EngineConfig
 from celeris.engine.errors import ModelLoadError
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.references.checkpoints import TINY_MASK, write_dream_checkpoint, write_llada_checkpoint
 from tests.unit.references.dream_generate import dream_generate, dream_generate_cached
 from tests.unit.references.dream_modeling import DreamReference
@@ -170,7 +170,7 @@ def test_factor_rule_fast_dllm_commits_one_more_than_the_paper_when_only_the_las
     sorted_conf = torch.tensor([0.99, 0.9, 0.2], dtype=torch.float64)  # f=1: bounds -, 0.667, 0.75
     assert factor_count(sorted_conf, 1.0, "fast_dllm") == 3
     assert factor_count(sorted_conf, 1.0, "paper") == 2
-    from celeris.engine.sampler import _factor_count
+    from celeris.engine.sampling.select import _factor_count
 
     n_cand = torch.tensor([3])
     f = torch.tensor([1.0], dtype=torch.float64)

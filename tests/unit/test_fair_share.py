@@ -1,4 +1,4 @@
-"""engine/fair_share.py through the real StepLoop: one owner's n=16 call no longer holds every
+"""engine/loop/fair_share.py through the real StepLoop: one owner's n=16 call no longer holds every
 running slot while another owner waits (issue 40, item 11), and no sample's tokens depend on
 whether it was preempted or how long it waited."""
 
@@ -9,10 +9,10 @@ from typing import Optional
 
 import pytest
 
-from celeris.engine import fair_share
-from celeris.engine.params import SamplingParams
-from celeris.engine.sim_runner import SimulatedRunner, ordinary_tokens
-from celeris.engine.step_loop import StepLoop
+from celeris.engine.loop import fair_share
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens
+from celeris.engine.loop.step_loop import StepLoop
 from tests.helpers import simulated_llm
 
 LONG = dict(gen_length=64, steps=64, block_length=8)  # A's samples: 64 steps each

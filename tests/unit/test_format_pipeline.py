@@ -1,4 +1,4 @@
-"""celeris.engine.scheduler: step n's events are formatted in the formatter thread while step n+1 runs,
+"""celeris.engine.loop.scheduler: step n's events are formatted in the formatter thread while step n+1 runs,
 in step order, never more than one step behind, and nothing a step produced is lost."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from celeris.engine.params import SamplingParams
-from celeris.engine.scheduler import Scheduler
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.scheduler import Scheduler
 from tests.helpers import simulated_llm
 
 STEP_S = 0.02

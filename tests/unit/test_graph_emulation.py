@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from celeris.engine.config import EngineConfig
-from celeris.engine.graphs import GraphCache, eager_capture
+from celeris.engine.models.graphs import GraphCache, eager_capture
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 
 

@@ -1,4 +1,4 @@
-"""The knob table (engine/knobs.py) against SamplingParams, the proto, and every surface.
+"""The knob table (engine/sampling/knobs.py) against SamplingParams, the proto, and every surface.
 
 Each test fails when a knob is added, renamed or retyped in one place and not the others: the
 table is derived from SamplingParams; the HTTP parser, CLI flags and gRPC converter read it; the
@@ -17,8 +17,8 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 
 from celeris.v1 import generation_pb2 as pb
 from celeris_client import types as client_types
-from celeris.engine.knobs import BOOL, CHOICE, FLOAT, IDS, INT, KNOBS, STRINGS, markdown, on
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, KNOBS, STRINGS, markdown, on
+from celeris.engine.sampling.params import SamplingParams
 from celeris.server.cli_args import add_sampling_args, sampling_from_args
 from celeris.server.convert import sampling_params
 from celeris.server.openai_api import parse_request
@@ -116,4 +116,4 @@ def test_the_page_controls_are_http_knobs():
 
 @pytest.mark.parametrize("doc", ["docs/sampling.md"])
 def test_the_knob_doc_is_generated_from_the_table(doc):
-    assert (ROOT / doc).read_text() == markdown(), "regenerate: python -m celeris.engine.knobs > docs/sampling.md"
+    assert (ROOT / doc).read_text() == markdown(), "regenerate: python -m celeris.engine.sampling.knobs > docs/sampling.md"

@@ -14,7 +14,7 @@ import pytest
 
 from celeris.engine.config import ModelConfig
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
                                                      write_llada21_checkpoint)
 from tests.unit.block_references.generate import llada21_generate
@@ -161,7 +161,7 @@ def test_edits_that_keep_reopening_positions_end(llm, monkeypatch):
     full. The published loop would run forever; Celeris stops editing a block after
     EDIT_STEP_FACTOR x its planned steps, fills it, and the request ends with no mask in its
     output."""
-    from celeris.engine.block_sequence import EDIT_STEP_FACTOR
+    from celeris.engine.families.block.sequence import EDIT_STEP_FACTOR
 
     head = llm.model.head
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 
 
 def run(llm, ids, **kw):

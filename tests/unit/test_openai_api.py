@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
-from celeris.engine.params import SamplingParams
-from celeris.engine.params import fit_lengths
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.params import fit_lengths
 from celeris.server.openai_api import error_response, parse_request, rename_fields
 
 D = SamplingParams(gen_length=64, steps=64, block_length=32)

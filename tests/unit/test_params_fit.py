@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celeris.engine.params import SamplingParams, fit_lengths
+from celeris.engine.sampling.params import SamplingParams, fit_lengths
 
 DEFAULTS = SamplingParams(gen_length=64, steps=32, block_length=8)
 

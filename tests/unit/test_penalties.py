@@ -8,9 +8,9 @@ import torch
 
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams, fit_lengths
-from celeris.engine.reference import reference_generate
-from celeris.engine.sampler import penalize
+from celeris.engine.sampling.params import SamplingParams, fit_lengths
+from celeris.engine.sampling.reference import reference_generate
+from celeris.engine.sampling.select import penalize
 from celeris.engine.training.evaluate import distinct_ngrams
 
 MASK = 3

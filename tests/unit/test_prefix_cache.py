@@ -1,5 +1,5 @@
-"""The prefix cache across requests and chunked prefill of the block families (engine/prefix_cache.py,
-engine/chunked_prefill.py): exact, bounded, salted.
+"""The prefix cache across requests and chunked prefill of the block families (engine/models/prefix_cache.py,
+engine/families/block/chunked_prefill.py): exact, bounded, salted.
 
 Exactness rests on one property, checked first and bitwise: a prompt block's keys/values do not
 depend on the chunk that prefilled it. The rest follows from it and is checked token for token:
@@ -15,11 +15,11 @@ import resource
 import pytest
 import torch
 
-from celeris.engine.block_sequence import PREFILL
+from celeris.engine.families.block.sequence import PREFILL
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
-from celeris.engine.prefix_cache import PrefixCache, chain
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.models.prefix_cache import PrefixCache, chain
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint, write_sdar_checkpoint
 
 PARAMS = dict(gen_length=16, block_length=4, steps=16, seed=0)
@@ -161,7 +161,7 @@ def test_a_long_prompt_prefills_in_small_chunks_while_others_denoise_and_decodes
 
 
 def test_both_doors_pass_the_salt_and_report_cached_tokens():
-    from celeris.engine.sequence import StepEvent
+    from celeris.engine.loop.sequence import StepEvent
     from celeris.server.convert import engine_request
     from celeris.server.openai_api import engine_requests, parse_request
     from celeris.server.openai_responses import usage

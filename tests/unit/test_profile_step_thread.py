@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);Scheduler._work (engine/scheduler.py:375)"
+ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);Scheduler._work (engine/loop/scheduler.py:375)"
 
 
 def _split(raw: str):
@@ -22,11 +22,11 @@ def _split(raw: str):
 def test_samples_are_split_by_where_the_step_thread_is():
     raw = "\n".join([
         f"{ROOT};Event.wait (threading.py:629);Condition.wait (threading.py:327) 7",  # waiting for work
-        f"{ROOT};StepLoop.step_later (engine/step_loop.py:134);BlockRunner.step (engine/block_runner.py:127);"
-        "MaskPredictor.forward (/x/engine/model.py:193);Block.forward (/x/engine/model.py:103) 30",
-        f"{ROOT};StepLoop.step_later (engine/step_loop.py:134);BlockRunner._select (engine/block_runner.py:214);"
-        "select_tokens (engine/sampler.py:234) 9",
-        f"{ROOT};publish (engine/scheduler.py:360);settle (engine/scheduler.py:350);Event.wait (threading.py:629) 4",
+        f"{ROOT};StepLoop.step_later (engine/loop/step_loop.py:134);BlockRunner.step (engine/families/block/runner.py:127);"
+        "MaskPredictor.forward (/x/engine/models/transformer.py:193);Block.forward (/x/engine/models/transformer.py:103) 30",
+        f"{ROOT};StepLoop.step_later (engine/loop/step_loop.py:134);BlockRunner._select (engine/families/block/runner.py:214);"
+        "select_tokens (engine/sampling/select.py:234) 9",
+        f"{ROOT};publish (engine/loop/scheduler.py:360);settle (engine/loop/scheduler.py:350);Event.wait (threading.py:629) 4",
         "Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:81) 50",  # another thread
         "garbage line",
     ])

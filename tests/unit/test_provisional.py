@@ -9,7 +9,7 @@ import torch
 from celeris.engine.config import EngineConfig
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 from tests.helpers import simulated_llm
 from tests.unit.block_references.checkpoints import write_sdar_checkpoint
 

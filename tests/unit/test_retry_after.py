@@ -1,4 +1,4 @@
-"""A refusal's retry delay: estimated from the queue and the step pace (engine/retry_after.py),
+"""A refusal's retry delay: estimated from the queue and the step pace (engine/loop/retry_after.py),
 jittered per refusal by the error table (server/errors.py), on both doors."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from celeris.engine.errors import Overloaded
-from celeris.engine.params import SamplingParams
-from celeris.engine.retry_after import CEILING_S, FLOOR_S, RetryEstimate, steps_until_start
-from celeris.engine.scheduler import Scheduler
-from celeris.engine.step_loop import StepRecord
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.retry_after import CEILING_S, FLOOR_S, RetryEstimate, steps_until_start
+from celeris.engine.loop.scheduler import Scheduler
+from celeris.engine.loop.step_loop import StepRecord
 from celeris.server.errors import RETRY_JITTER, to_openai, to_status
 from tests.helpers import simulated_llm
 

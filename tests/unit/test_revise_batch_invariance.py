@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from celeris.engine.gemma import KVCache  # noqa: E402
-from celeris.engine.gemma_weights import load_gemma  # noqa: E402
-from celeris.engine.revise_sampler import ReviseParams  # noqa: E402
-from celeris.engine.revise_sequence import ReviseSequence, generate, step_rows  # noqa: E402
+from celeris.engine.families.revise.model import KVCache  # noqa: E402
+from celeris.engine.families.revise.weights import load_gemma  # noqa: E402
+from celeris.engine.families.revise.sampler import ReviseParams  # noqa: E402
+from celeris.engine.families.revise.slots import ReviseSequence, generate, step_rows  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_checkpoint  # noqa: E402
 
 BATCHES = (2, 3, 5, 8, 13, 24)  # 55 requests, each decoded alone and in one of these batches

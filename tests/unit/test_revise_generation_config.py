@@ -20,8 +20,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (  # 
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.errors import InvalidRequest  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.revise_runner import revise_params  # noqa: E402
-from celeris.engine.revise_sequence import generate  # noqa: E402
+from celeris.engine.families.revise.runner import revise_params  # noqa: E402
+from celeris.engine.families.revise.slots import generate  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint, write_tokenizer)
 

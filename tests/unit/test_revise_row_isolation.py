@@ -24,11 +24,11 @@ import torch  # noqa: E402
 
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.errors import EngineError, InvalidRequest, RowFailed  # noqa: E402
-from celeris.engine.gemma import DiffusionGemma  # noqa: E402
+from celeris.engine.families.revise.model import DiffusionGemma  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
-from celeris.engine.revise_sequence import ReviseSequence  # noqa: E402
-from celeris.engine.sequence import Sequence  # noqa: E402
+from celeris.engine.families.revise.slots import ReviseSequence  # noqa: E402
+from celeris.engine.loop.sequence import Sequence  # noqa: E402
 from celeris.engine.structured.constraint import Constraint, Structured  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint  # noqa: E402
 
@@ -172,7 +172,7 @@ def test_a_stop_check_that_raises_ends_its_request_alone(llm):
 def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm, monkeypatch):
     """Through the asyncio scheduler: the failed request's stream raises its error; the rest end
     normally with the tokens of a run without it."""
-    from celeris.engine.scheduler import Scheduler
+    from celeris.engine.loop.scheduler import Scheduler
 
     alone = [r.token_ids for r in llm.run(_others(llm))]
     bad = _bad(llm, structured=False)

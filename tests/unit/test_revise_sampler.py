@@ -10,7 +10,7 @@ and the random draw order, not the model.
 import pytest
 import torch
 
-from celeris.engine.revise_sampler import ReviseParams, RowNoise, StopRule, denoise_row
+from celeris.engine.families.revise.sampler import ReviseParams, RowNoise, StopRule, denoise_row
 
 gen_dg = pytest.importorskip("transformers.models.diffusion_gemma.generation_diffusion_gemma")
 

@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.errors import InvalidRequest, ModelLoadError  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.revise_runner import ReviseRunner, revise_params  # noqa: E402
-from celeris.engine.revise_sequence import generate  # noqa: E402
-from celeris.engine.sequence import FinishReason  # noqa: E402
+from celeris.engine.families.revise.runner import ReviseRunner, revise_params  # noqa: E402
+from celeris.engine.families.revise.slots import generate  # noqa: E402
+from celeris.engine.loop.sequence import FinishReason  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint, write_tokenizer)
 from tests.unit.test_diffusion_gemma import PARAMS, PROMPTS, _gen_kwargs  # noqa: E402
@@ -146,7 +146,7 @@ def test_min_tokens_keeps_end_of_sequence_out_of_the_first_positions(llm):
 
 
 def test_a_cancelled_request_leaves_no_cache_behind(llm):
-    from celeris.engine.step_loop import StepLoop
+    from celeris.engine.loop.step_loop import StepLoop
 
     loop = StepLoop(llm.runner, max_queue=4)
     seq = llm.sequence(PROMPTS[0], replace(_params(llm, "steps", 0, 24), ignore_eos=True))
@@ -162,7 +162,7 @@ def test_logprobs_are_each_token_under_the_step_that_committed_its_canvas(llm):
     temperature) at its canvas's last step, with the top alternatives; asking changes no token."""
     import torch
 
-    from celeris.engine.revise_sequence import ReviseSequence
+    from celeris.engine.families.revise.slots import ReviseSequence
 
     params = replace(_params(llm, "steps", 3, 16), ignore_eos=True, max_denoising_steps=3)
     plain = llm.run([llm.sequence(PROMPTS[1], params)])[0]
@@ -199,8 +199,8 @@ def test_unserved_devices_refused_by_name(folder):
 
 
 def test_mask_families_refuse_the_revise_knobs():
-    from celeris.engine.family import family_of
-    from celeris.engine.params import SamplingParams
+    from celeris.engine.families.family import family_of
+    from celeris.engine.sampling.params import SamplingParams
     from tests.helpers import tiny_config
 
     bad = family_of(tiny_config()).violations(replace(SamplingParams(), t_max=0.9, entropy_bound=0.2))

@@ -16,7 +16,7 @@ import pytest
 from celeris.engine.errors import InvalidRequest, RowFailed
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
-from celeris.engine.sequence import Sequence
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.constraint import Constraint, Structured
 
 PROMPTS = ["It was a bright", "Secret-prompt-alpha", "Once upon", "Secret-prompt-beta"]
@@ -119,7 +119,7 @@ def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm):
     normally with the tokens of a run without it."""
     import asyncio
 
-    from celeris.engine.scheduler import Scheduler
+    from celeris.engine.loop.scheduler import Scheduler
 
     alone = [r.token_ids for r in llm.run(_others(llm))]
     bad = _bad(llm)

@@ -8,7 +8,7 @@ import pytest
 
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 
 PROMPTS = ["It is a truth", "Emma Woodhouse, handsome", "12+34="]
 KNOBS = [dict(), dict(threshold=0.5), dict(frequency_penalty=0.5), dict(min_tokens=16), dict(logprobs=2),

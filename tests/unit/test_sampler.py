@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.params import SamplingParams
-from celeris.engine.params import SamplingParams as _P
-from celeris.engine.reference import reference_generate
-from celeris.engine.sampler import select_tokens, transfer_schedule
-from celeris.engine.sampling_batch import RowKnobs, SamplingBatch, SelectionRule, Window
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams as _P
+from celeris.engine.sampling.reference import reference_generate
+from celeris.engine.sampling.schedule import transfer_schedule
+from celeris.engine.sampling.select import select_tokens
+from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, SelectionRule, Window
 from tests.unit.llada_reference import llada_generate
 
 COMBOS = [  # (steps, gen_length, block_length): one block, several blocks, uneven n % steps

@@ -1,4 +1,4 @@
-"""celeris.engine.sim_runner: the GPU-paced fake runner drives the real step loop to the same ends as
+"""celeris.engine.loop.sim_runner: the GPU-paced fake runner drives the real step loop to the same ends as
 the model would (blocks on schedule, ordinary tokens, no early stop) and paces each step."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from celeris.engine.family import family_of
-from celeris.engine.params import SamplingParams
-from celeris.engine.sim_runner import SimulatedRunner, ordinary_tokens, simulate
-from celeris.engine.sequence import FinishReason
+from celeris.engine.families.family import family_of
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens, simulate
+from celeris.engine.loop.sequence import FinishReason
 from tests.helpers import simulated_llm
 
 

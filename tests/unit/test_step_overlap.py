@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from celeris.engine.params import SamplingParams
-from celeris.engine.scheduler import Scheduler
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.loop.scheduler import Scheduler
 from tests.helpers import simulated_llm
 
 PARAMS = SamplingParams(gen_length=32, steps=16, block_length=8, seed=0, threshold=0.9)

@@ -6,7 +6,7 @@ import pytest
 
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
-from celeris.engine.params import SamplingParams
+from celeris.engine.sampling.params import SamplingParams
 
 ADD = "37+45="  # celeris-tiny answers two digits, then EOS
 

@@ -220,7 +220,7 @@ def test_refusals_name_the_field(llm):
 
 def test_constrain_in_place_equals_the_copy_and_the_copy_leaves_the_logits_alone():
     import torch
-    from celeris.engine.sampler import constrain
+    from celeris.engine.sampling.select import constrain
     logits = torch.randn(2, 3, 10)
     allowed = torch.zeros(2, 10, dtype=torch.bool)
     allowed[0, [1, 4]] = allowed[1, 7] = True

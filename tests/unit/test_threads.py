@@ -132,8 +132,8 @@ def test_a_scheduler_given_the_loading_thread_steps_on_it(tiny_model_dir):
 
     from celeris.engine.config import EngineConfig
     from celeris.engine.llm import LLM
-    from celeris.engine.params import SamplingParams
-    from celeris.engine.scheduler import Scheduler
+    from celeris.engine.sampling.params import SamplingParams
+    from celeris.engine.loop.scheduler import Scheduler
 
     tt = threads.TensorThread(name="test-tensor")
     llm = tt.call(LLM.load, tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_gen_length=64))
@@ -171,8 +171,8 @@ def test_a_model_loaded_under_inference_mode_is_served_on_the_step_thread(tiny_m
 
     from celeris.engine.config import EngineConfig
     from celeris.engine.llm import LLM
-    from celeris.engine.params import SamplingParams
-    from celeris.engine.scheduler import Scheduler
+    from celeris.engine.sampling.params import SamplingParams
+    from celeris.engine.loop.scheduler import Scheduler
 
     with torch.inference_mode():
         llm = LLM.load(tiny_model_dir, EngineConfig(max_batch=2, max_queue=4, max_gen_length=64))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.params import SamplingParams
-from celeris.engine.sampler import filter_logits as _filter
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.select import filter_logits as _filter
 
 
 def filter_logits(logits, top_k, top_p, min_p=None, temperature=None):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.sampler import confidences, first_argmax
-from celeris.engine.sampling_batch import REMASK_CODE
+from celeris.engine.sampling.select import confidences, first_argmax
+from celeris.engine.sampling.batch import REMASK_CODE
 
 NAN, INF = float("nan"), float("inf")
 

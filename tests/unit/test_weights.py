@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.weights import load_model, save_model
+from celeris.engine.models.weights import load_model, save_model
 from tests.helpers import random_model, tiny_config
 
 
