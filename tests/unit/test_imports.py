@@ -102,3 +102,99 @@ def test_no_import_uses_a_folder_name():
                 if name.split(".")[0] in FOLDER_NAMES:
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, "\n".join(offenders)
+
+
+# ---------------------------------------------------------------- the engine's rooms (DESIGN.md)
+
+ENGINE = ROOT / "engine"
+FAMILIES = ("canvas", "block", "revise")
+# room -> rooms it must never import (every import, including those inside functions)
+WALLS = {
+    "loop": ("families", "models"),
+    "sampling": ("loop", "families"),
+    **{f"families.{f}": tuple(f"families.{g}" for g in FAMILIES if g != f) for f in FAMILIES},
+}
+
+
+def engine_module(path: Path) -> str:
+    rel = path.relative_to(ENGINE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(("celeris.engine", *parts))
+
+
+def engine_graph() -> dict[str, set[str]]:
+    """Module -> the engine modules it imports (a `from package import module` counts as the module)."""
+    mods = {engine_module(p): p for p in sorted(ENGINE.rglob("*.py"))}
+    graph = {}
+    for mod, path in mods.items():
+        deps = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                            for a in node.names)
+        graph[mod] = {d for d in deps if d in mods and d != mod}
+    return graph
+
+
+def wall_crossings(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in graph.items():
+        for room, banned in WALLS.items():
+            if not mod.startswith(f"celeris.engine.{room}."):
+                continue
+            out += [f"{mod} imports {d}" for d in sorted(deps)
+                    if any(d == f"celeris.engine.{b}" or d.startswith(f"celeris.engine.{b}.") for b in banned)]
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import circle among engine modules (ignoring package __init__ files, which are empty)."""
+    found, state = [], {}
+
+    def visit(mod: str, trail: list[str]) -> None:
+        if state.get(mod) == 1:
+            found.append(" -> ".join(trail[trail.index(mod):] + [mod]))
+            return
+        if state.get(mod) == 2:
+            return
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            visit(dep, trail + [mod])
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        visit(mod, [])
+    return found
+
+
+def test_engine_rooms_keep_their_walls():
+    """No family folder imports another; loop/ never imports families/ or models/; sampling/
+    never imports loop/ or families/."""
+    assert not wall_crossings(engine_graph()), "\n".join(wall_crossings(engine_graph()))
+
+
+def test_the_wall_check_sees_a_crossing():
+    """The check itself: a loop module that imported a family would be caught, as would a circle."""
+    graph = engine_graph()
+    graph["celeris.engine.loop.step_loop"] = graph["celeris.engine.loop.step_loop"] | {
+        "celeris.engine.families.canvas.runner"}
+    graph["celeris.engine.families.block.runner"] = graph["celeris.engine.families.block.runner"] | {
+        "celeris.engine.families.revise.model"}
+    assert wall_crossings(graph) == [
+        "celeris.engine.families.block.runner imports celeris.engine.families.revise.model",
+        "celeris.engine.loop.step_loop imports celeris.engine.families.canvas.runner"]
+    graph["celeris.engine.sampling.params"] = graph["celeris.engine.sampling.params"] | {"celeris.engine.llm"}
+    assert any("celeris.engine.sampling.params" in c for c in circles(graph))
+
+
+def test_engine_has_no_import_circle():
+    assert not circles(engine_graph()), "\n".join(circles(engine_graph()))
+
+
+def test_engine_top_level_is_small():
+    """Everything else lives in a room (families/, loop/, sampling/, models/, structured/, parallel/, training/)."""
+    top = sorted(p.name for p in ENGINE.glob("*.py"))
+    assert len(top) <= 8, top
