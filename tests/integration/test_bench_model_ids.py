@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.integration.server_process import ROOT
-from tests.integration.test_vllm_dropin import COMMIT, REPO_ID, hf_cache
+from tests.integration.hf_cache import COMMIT, REPO_ID, hf_cache
 
 
 def _bench(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.integration.live_server import live_server
-from tests.integration.test_web_page import browser  # noqa: F401  (the headless Chromium fixture)
+from tests.integration.browser import browser  # noqa: F401  (the headless Chromium fixture)
 
 FETCH = """
 const [url, done] = arguments;

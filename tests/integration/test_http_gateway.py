@@ -13,8 +13,8 @@ import pytest
 
 from celeris_client import CelerisClient
 from tests.integration.live_server import LiveServer, live_server
+from tests.integration.http_helpers import PROMPT, post, sse_events
 
-PROMPT = "It is a truth universally"
 CHAT = [{"role": "user", "content": "Say something."}]
 MODEL = "model"  # the tiny test model's name (its config.json has none); a request naming another is a 404
 
@@ -27,26 +27,6 @@ def live(tiny_llm):
 
 def oai(live: LiveServer, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=live.http_url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def post(live: LiveServer, path: str, body, headers: dict | None = None) -> http.client.HTTPResponse:
-    """A raw POST; returns the open response (the caller reads or closes it)."""
-    u = urlparse(live.http_url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
-    return conn.getresponse()
-
-
-def sse_events(resp: http.client.HTTPResponse) -> list:
-    """Every `data:` payload of an SSE stream, parsed (the "[DONE]" sentinel kept as a string)."""
-    events = []
-    for raw in resp:
-        line = raw.decode().rstrip("\n")
-        if line.startswith("data: "):
-            data = line[6:]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 def test_completions_match_grpc_and_share_its_scheduler(live):

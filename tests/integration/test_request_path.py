@@ -21,7 +21,7 @@ from celeris.v1 import generation_pb2 as pb
 from tests.integration.conftest import collect, small
 from tests.integration.live_server import live_server
 from tests.integration.server_process import free_port
-from tests.integration.test_http_gateway import post, sse_events
+from tests.integration.http_helpers import post, sse_events
 from celeris.server.telemetry import Metrics, Telemetry, make_tracer_provider
 
 

@@ -18,7 +18,7 @@ from celeris_client.client import CelerisClient  # noqa: E402
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from tests.integration.live_server import live_server  # noqa: E402
-from tests.integration.test_http_gateway import post, sse_events  # noqa: E402
+from tests.integration.http_helpers import post, sse_events  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_checkpoint, write_tokenizer  # noqa: E402
 
 PROMPT = "w5 w6 w7"  # ids [2, 5, 6, 7] with the BOS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.live_server import live_server
-from tests.integration.test_http_gateway import PROMPT, post, sse_events
+from tests.integration.http_helpers import PROMPT, post, sse_events
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,8 @@ Hugging Face id through a cache laid out as huggingface_hub lays it out, offline
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,9 +16,7 @@ import pytest
 
 from celeris.engine.llm import EMBEDDED_MODEL
 from tests.integration.server_process import ROOT, ServerProcess, free_port
-
-REPO_ID = "celeris-org/celeris-tiny"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+from tests.integration.hf_cache import REPO_ID, COMMIT, hf_cache
 
 
 def _parse(*argv: str):
@@ -69,24 +65,6 @@ def test_device_cuda_without_cuda_is_one_line_naming_the_build(command):
     assert line.startswith(f"celeris {command[0]}: error: --device cuda: ") and torch.__version__ in line
     if torch.version.cuda is None:
         assert "CPU-only build" in line and "--index-url https://download.pytorch.org/whl/cu" in line
-
-
-def hf_cache(root: Path, repo_id: str = REPO_ID, commit: str = COMMIT, source: Path = EMBEDDED_MODEL) -> Path:
-    """A Hugging Face hub cache holding `source` as huggingface_hub lays a download out:
-    models--org--name/blobs/<sha256> (the files), snapshots/<commit>/<file> -> ../../blobs/<sha256>
-    (relative links), refs/main holding the commit."""
-    repo = root / ("models--" + repo_id.replace("/", "--"))
-    (repo / "blobs").mkdir(parents=True)
-    snap = repo / "snapshots" / commit
-    snap.mkdir(parents=True)
-    for f in sorted(source.iterdir()):
-        if f.is_file():
-            digest = hashlib.sha256(f.read_bytes()).hexdigest()
-            shutil.copyfile(f, repo / "blobs" / digest)
-            (snap / f.name).symlink_to(Path("..", "..", "blobs", digest))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return root
 
 
 def test_serve_a_hub_id_offline_from_the_cache_positionally(tmp_path):

@@ -11,7 +11,7 @@ import os
 import urllib.request
 import json
 
-from tests.integration.test_web_page import browser, fill, live  # noqa: F401  (fixtures)
+from tests.integration.browser import browser, fill, live  # noqa: F401  (fixtures)
 
 WIDTH, HEIGHT = 1280, 800
 # Where the Generate button and the canvas are, in viewport pixels.

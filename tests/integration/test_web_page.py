@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.live_server import live_server
+from tests.integration.browser import browser, fill, live  # noqa: F401  (fixtures)
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--window-size=1280,900")
 # Installed before clicking: records the canvas after every DOM change the page makes.
 OBSERVE = """
 window.seen = [];
@@ -32,49 +30,12 @@ new MutationObserver(() => window.seen.push({
 """
 
 
-@pytest.fixture
-def live(tiny_llm):
-    with live_server(tiny_llm) as s:
-        yield s
-
-
-@pytest.fixture
-def browser(tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        chromium = None
-    if not chromium or not driver_path:
-        if os.environ.get("CI"):
-            pytest.fail("chromium / chromedriver / selenium missing in CI: scripts/setup.sh should install them")
-        pytest.skip("chromium and chromedriver are not installed (scripts/setup.sh installs them)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
-    driver.set_script_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 def test_page_is_served_without_a_token(tiny_llm):
     with live_server(tiny_llm, api_token="s3cret") as s:
         resp = urllib.request.urlopen(s.http_url + "/")
         page = resp.read().decode()
     assert resp.headers["Content-Type"].startswith("text/html")
     assert 'id="canvas"' in page and "/v1/completions" in page and "diffusing: true" in page
-
-
-def fill(driver, field: str, value: str) -> None:
-    el = driver.find_element("id", field)
-    el.clear()
-    el.send_keys(value)
 
 
 def test_browser_shows_the_canvas_refining(live, browser):

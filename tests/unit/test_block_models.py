@@ -11,18 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.config import EngineConfig
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.llm import LLM
 from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
                                                      write_llada21_checkpoint, write_sdar_checkpoint)
 from tests.unit.block_references.generate import llada2_generate, llada21_generate, sdar_generate
 from tests.unit.block_references.modeling import load_block_model
-
-# Lengths below, at and above a block, not multiples of it: prefill of 0, 1 and several blocks,
-# first decode blocks that hold the prompt's tail.
-PROMPTS = [[17, 301, 45], [88, 5, 640, 31, 77, 402, 15, 9], [12, 33, 999, 4, 58, 61, 700, 13, 90, 210, 6]]
+from tests.unit.block_helpers import PROMPTS, engine, run_engine
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +28,6 @@ def sdar_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llada2_dir(tmp_path_factory):
     return write_llada2_checkpoint(tmp_path_factory.mktemp("llada2"), seed=0)
-
-
-def engine(folder, prefill_chunk: int = 256) -> LLM:
-    return LLM.load(folder, EngineConfig(max_batch=8, max_prompt_tokens=64, max_gen_length=64,
-                                         prefill_chunk=prefill_chunk))
-
-
-def run_engine(llm: LLM, prompts, **params):
-    seqs = [llm.sequence(p, SamplingParams(seed=0, **params)) for p in prompts]
-    for s in seqs:
-        llm.loop.add(s)
-    llm.loop.run_to_completion()
-    return seqs
 
 
 SDAR_CASES = [  # (block_length, steps per block, remasking, threshold)

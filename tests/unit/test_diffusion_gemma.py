@@ -10,30 +10,14 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig  # noqa: E402
 
 from celeris.engine.errors import ModelLoadError  # noqa: E402
 from celeris.engine.families.revise.config import gemma_config  # noqa: E402
 from celeris.engine.families.revise.weights import load_gemma  # noqa: E402
-from celeris.engine.families.revise.sampler import ReviseParams  # noqa: E402
 from celeris.engine.families.revise.slots import ReviseSequence, generate  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint)
-
-PROMPTS = ([2, 5, 6, 7], [2, 9, 10, 11, 12, 13, 14, 15, 16], [2, 40])  # the second outgrows the window (6)
-PARAMS = {
-    "steps": ReviseParams(max_denoising_steps=5),  # never confident: every canvas runs out of steps
-    "rule": ReviseParams(max_denoising_steps=8, entropy_bound=1.5, t_min=0.05, t_max=0.2, stability_threshold=1,
-                         confidence_threshold=2.5),
-    "confident": ReviseParams(max_denoising_steps=7, entropy_bound=0.5, t_min=0.05, t_max=0.2,
-                              stability_threshold=0, confidence_threshold=4.0),
-}
-
-
-def _gen_kwargs(p: ReviseParams, **extra):
-    return dict(max_denoising_steps=p.max_denoising_steps, sampler_config=EntropyBoundSamplerConfig(
-        entropy_bound=p.entropy_bound), t_min=p.t_min, t_max=p.t_max, stability_threshold=p.stability_threshold,
-        confidence_threshold=p.confidence_threshold, pad_token_id=0, **extra)
+from tests.unit.gemma_helpers import PARAMS, PROMPTS, gen_kwargs  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[(8, 1.0), (5, 40.0)], ids=["canvas8", "canvas5-sharp"])
@@ -50,7 +34,7 @@ def test_token_identical_to_transformers_generate(pair, pname):
     ours, ref = pair
     p = PARAMS[pname]
     for prompt, seed, new in product(PROMPTS, (0, 3), (16, 10)):
-        want = reference_generate(ref, prompt, seed, new, **_gen_kwargs(p))
+        want = reference_generate(ref, prompt, seed, new, **gen_kwargs(p))
         assert generate(ours, prompt, p, seed, new, (), 0) == want, (prompt, seed, new)
 
 
@@ -72,7 +56,7 @@ def test_end_of_sequence_stops_and_pads_like_the_reference(pair):
     p = PARAMS["rule"]
     free = generate(ours, PROMPTS[1], p, 1, 24, (), 0)
     eos = free[2]  # a token the first canvas writes: that canvas ends the request
-    want = reference_generate(ref, PROMPTS[1], 1, 24, **_gen_kwargs(p, eos_token_id=eos))
+    want = reference_generate(ref, PROMPTS[1], 1, 24, **gen_kwargs(p, eos_token_id=eos))
     got = generate(ours, PROMPTS[1], p, 1, 24, (eos,), 0)
     assert got == want and len(got) == ours.cfg.canvas_length and eos in got
 

@@ -19,7 +19,7 @@ from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write
                                                      write_llada21_checkpoint)
 from tests.unit.block_references.generate import llada21_generate
 from tests.unit.block_references.modeling import load_block_model
-from tests.unit.test_block_models import PROMPTS, engine, run_engine
+from tests.unit.block_helpers import PROMPTS, engine, run_engine
 
 G = 16
 # (threshold, editing_threshold, max_post_steps): the published defaults, the model card's Q and

@@ -10,7 +10,7 @@ import pytest
 
 from celeris_client import CelerisClient, Overloaded, RetryPolicy, Unavailable
 from celeris_client.errors import CelerisError, RetryBudget, is_retryable
-from tests.unit.test_client_lib import FakeCall, FakeRpcError, client_with, retry_info, snap
+from tests.unit.client_fakes import FakeCall, FakeRpcError, client_with, retry_info, snap
 
 UNAVAILABLE = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
 

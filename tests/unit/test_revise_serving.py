@@ -19,7 +19,7 @@ from celeris.engine.families.revise.slots import generate  # noqa: E402
 from celeris.engine.loop.sequence import FinishReason  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint, write_tokenizer)
-from tests.unit.test_diffusion_gemma import PARAMS, PROMPTS, _gen_kwargs  # noqa: E402
+from tests.unit.gemma_helpers import PARAMS, PROMPTS, gen_kwargs  # noqa: E402
 
 EOS = 1
 
@@ -61,7 +61,7 @@ def test_served_alone_equals_the_library_and_transformers(llm, folder, pname):
         params = _params(llm, pname, seed, 16)
         res = llm.run([llm.sequence(prompt, params)])[0]
         lib = generate(llm.model, prompt, revise_params(params), seed, 16, (EOS,), 0)
-        want = reference_generate(ref, prompt, seed, 16, **_gen_kwargs(PARAMS[pname], eos_token_id=EOS))
+        want = reference_generate(ref, prompt, seed, 16, **gen_kwargs(PARAMS[pname], eos_token_id=EOS))
         assert lib == want
         assert res.token_ids == _until_eos(want), (pname, prompt, seed)
         assert res.finish_reason == (FinishReason.STOP if EOS in want else FinishReason.LENGTH)
@@ -80,7 +80,7 @@ def test_batched_requests_decode_their_solo_text(llm, folder):
     for (pr, seed, pn, new), res, seq in zip(jobs, batched, seqs):
         solo = generate(llm.model, pr, revise_params(seq.params), seed, new, (EOS,), 0)
         assert res.token_ids == _until_eos(solo), (pr, seed, pn, new)
-        assert solo == reference_generate(ref, pr, seed, new, **_gen_kwargs(PARAMS[pn], eos_token_id=EOS))
+        assert solo == reference_generate(ref, pr, seed, new, **gen_kwargs(PARAMS[pn], eos_token_id=EOS))
     assert len({r.steps for r in batched}) > 1
 
 

@@ -21,7 +21,7 @@ from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
 from celeris.engine.structured.constraint import Structured  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint  # noqa: E402
-from tests.unit.test_structured import PERSON  # noqa: E402
+from tests.unit.schemas import PERSON  # noqa: E402
 
 CANVAS = 16
 CHOICES = ["not sure", "a/b", "x-y [z]"]

@@ -20,13 +20,7 @@ from celeris.engine.structured.constraint import Compiler, Constraint, Structure
 from celeris.engine.tokenizer import Tokenizer
 from celeris.engine.structured.regexes import int_range, max_width, RegexError
 from celeris.engine.structured.schema import MAX_DEPTH, SchemaError, Slot, compile_schema
-
-PERSON = {"type": "object", "required": ["name", "age", "ok", "tags", "score", "color", "addr"], "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
-    "score": {"type": "number", "minimum": -1.5, "maximum": 9}, "color": {"enum": ["red", "green", 3, None]},
-    "addr": {"type": "object", "required": ["zip"], "properties": {
-        "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}}}
+from tests.unit.schemas import PERSON
 
 
 @pytest.mark.parametrize("lo,hi", [(0, 0), (0, 9), (5, 123), (-50, 17), (-1000, -3), (7, 100000)])
