@@ -55,3 +55,30 @@ def simulated_llm(model_dir: Path, step_s: float, max_batch: int = 4):
                                            max_gen_length=64))
     simulate(llm, step_s)
     return llm
+
+
+def stream_beside(llm, seqs: list, timeout_s: float = 300) -> list:
+    """Run `seqs` together through a real asyncio Scheduler on `llm.loop`. Per request, in order:
+    its final generated ids, or the EngineError its stream raised (row-isolation tests check that
+    one request's error stays its own while the others finish as they would alone)."""
+    import asyncio
+
+    from celeris.engine.errors import EngineError
+    from celeris.engine.loop.scheduler import Scheduler
+
+    async def main():
+        sched = Scheduler(llm.loop)
+        sched.start()
+        streams = [sched.submit(s) for s in seqs]
+
+        async def drain(stream):
+            try:
+                return list([ev async for ev in stream][-1].generated)
+            except EngineError as e:
+                return e
+        try:
+            return await asyncio.gather(*(drain(s) for s in streams))
+        finally:
+            await sched.stop()
+
+    return asyncio.run(asyncio.wait_for(main(), timeout_s))

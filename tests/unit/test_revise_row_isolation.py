@@ -10,7 +10,6 @@ byte-level BPE tokenizer (for structured outputs), CPU, float32, one thread.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from dataclasses import replace
 from typing import Callable
@@ -23,13 +22,14 @@ llguidance = pytest.importorskip("llguidance")
 import torch  # noqa: E402
 
 from celeris.engine.config import EngineConfig  # noqa: E402
-from celeris.engine.errors import EngineError, InvalidRequest, RowFailed  # noqa: E402
+from celeris.engine.errors import InvalidRequest, RowFailed  # noqa: E402
 from celeris.engine.families.revise.model import DiffusionGemma  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
 from celeris.engine.families.revise.slots import ReviseSequence  # noqa: E402
 from celeris.engine.loop.sequence import Sequence  # noqa: E402
 from celeris.engine.structured.constraint import Constraint, Structured  # noqa: E402
+from tests.helpers import stream_beside  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint  # noqa: E402
 
 CANVAS = 16
@@ -172,28 +172,11 @@ def test_a_stop_check_that_raises_ends_its_request_alone(llm):
 def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm, monkeypatch):
     """Through the asyncio scheduler: the failed request's stream raises its error; the rest end
     normally with the tokens of a run without it."""
-    from celeris.engine.loop.scheduler import Scheduler
-
     alone = [r.token_ids for r in llm.run(_others(llm))]
     bad = _bad(llm, structured=False)
     _poisoned_logits(float("nan"))(llm, bad, monkeypatch)
-
-    async def main():
-        sched = Scheduler(llm.loop)
-        sched.start()
-        others = _others(llm)
-        streams = [sched.submit(s) for s in others[:2] + [bad] + others[2:]]
-
-        async def drain(stream):
-            try:
-                return list([ev async for ev in stream][-1].generated)
-            except EngineError as e:
-                return e
-        out = await asyncio.gather(*(drain(s) for s in streams))
-        await sched.stop()
-        return out
-
-    out = asyncio.run(asyncio.wait_for(main(), 300))
+    others = _others(llm)
+    out = stream_beside(llm, others[:2] + [bad] + others[2:])
     error = out.pop(2)
     assert isinstance(error, RowFailed) and "not finite" in str(error) and _clean(error)
     assert out == alone

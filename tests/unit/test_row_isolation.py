@@ -18,6 +18,7 @@ from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
 from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.constraint import Constraint, Structured
+from tests.helpers import stream_beside
 
 PROMPTS = ["It was a bright", "Secret-prompt-alpha", "Once upon", "Secret-prompt-beta"]
 FIELD = "structured_outputs.regex"
@@ -117,29 +118,10 @@ def test_one_rows_failure_ends_it_alone_and_the_batch_is_unchanged(llm, shape, n
 def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm):
     """Through the asyncio scheduler: the failed request's stream raises its error; the rest end
     normally with the tokens of a run without it."""
-    import asyncio
-
-    from celeris.engine.loop.scheduler import Scheduler
-
     alone = [r.token_ids for r in llm.run(_others(llm))]
     bad = _bad(llm)
     _empty_language(llm, bad)
-
-    async def main():
-        sched = Scheduler(llm.loop)
-        sched.start()
-        streams = [sched.submit(s) for s in _others(llm)[:2] + [bad] + _others(llm)[2:]]
-
-        async def drain(stream):
-            try:
-                return [ev async for ev in stream][-1].generated
-            except InvalidRequest as e:
-                return e
-        out = await asyncio.gather(*(drain(s) for s in streams))
-        await sched.stop()
-        return out
-
-    out = asyncio.run(asyncio.wait_for(main(), 120))
+    out = stream_beside(llm, _others(llm)[:2] + [bad] + _others(llm)[2:], timeout_s=120)
     error = out.pop(2)
     assert isinstance(error, InvalidRequest) and error.violations[0].field == FIELD
     assert [list(g) for g in out] == alone
