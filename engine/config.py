@@ -170,15 +170,27 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, folder: Path) -> ModelConfig:
-        path = Path(folder) / "config.json"
-        if not path.is_file():
-            raise ModelLoadError(f"no config.json in model folder {folder}")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
+        raw = read_json(folder, "config.json", required=True)
         cfg = cls.from_json(raw, name=Path(folder).resolve().name)
         return replace(cfg, token_editing=True) if cfg.arch == "llada2" and edits_tokens(folder) else cfg
+
+
+def read_json(folder: str | Path, name: str, required: bool = False) -> dict[str, Any]:
+    """A checkpoint folder's JSON file (`config.json`, `generation_config.json`,
+    `tokenizer_config.json`, a safetensors index) as an object: {} when it is absent and not
+    `required`. Every folder JSON is read here, so each problem has one message."""
+    path = Path(folder) / name
+    if not path.is_file():
+        if required:
+            raise ModelLoadError(f"no {name} in model folder {folder}")
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def edits_tokens(folder: Path) -> bool:
@@ -187,11 +199,10 @@ def edits_tokens(folder: Path) -> bool:
     ships, whose signature takes `editing_threshold`, and the editing knobs a generation_config.json
     may recommend. Either marks the folder; neither keeps LLaDA2.0's loop."""
     folder = Path(folder)
-    gen = folder / "generation_config.json"
     try:
-        if gen.is_file() and {"editing_threshold", "max_post_steps"} & set(json.loads(gen.read_text())):
+        if {"editing_threshold", "max_post_steps"} & set(read_json(folder, "generation_config.json")):
             return True
-    except (json.JSONDecodeError, TypeError):
+    except ModelLoadError:
         pass  # model_defaults reports a broken generation_config.json
     return any("editing_threshold" in f.read_text(errors="replace") for f in folder.glob("modeling_*.py"))
 

@@ -10,14 +10,13 @@ turns. Only the chat template's own markup (`encode_chat`) is read with special 
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from celeris.engine.config import ModelConfig
+from celeris.engine.config import ModelConfig, read_json
 from celeris.engine.errors import FieldViolation, InvalidRequest, ModelLoadError
 
 MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
@@ -90,9 +89,7 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise ModelLoadError(f"no tokenizer.json in model folder {folder}")
-        tc_path = folder / "tokenizer_config.json"
-        tc = json.loads(tc_path.read_text()) if tc_path.is_file() else {}
-        return cls(HFTokenizer.from_file(str(path)), cfg, tc)
+        return cls(HFTokenizer.from_file(str(path)), cfg, read_json(folder, "tokenizer_config.json"))
 
     def to_json(self) -> str:
         """The tokenizer.json text (structured outputs build their token masks from it)."""

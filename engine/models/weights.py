@@ -3,8 +3,8 @@
 Folders are Hugging Face style: `config.json`, `model.safetensors` or a sharded
 `model.safetensors.index.json`, plus `tokenizer.json`. The model is built on the meta device
 and the tensors are memory-mapped from safetensors and assigned directly, so an 8B checkpoint
-never exists twice in memory. Loading is strict: a missing, unexpected or mis-shaped tensor is
-an error naming the tensor and its file.
+never exists twice in memory. Loading is strict (`checkpoint.StrictState`): a missing,
+unexpected or mis-shaped tensor is an error naming the tensor and its file.
 """
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from celeris.engine.config import ModelConfig
 from celeris.engine.errors import ModelLoadError
+from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
 from celeris.engine.models.transformer import MaskPredictor
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Qwen2/Dream, Qwen3/SDAR and LLaDA2 names -> our (LLaDA) names. Applied after the leading
 # "model." is stripped; the first rule that matches wins.
@@ -70,17 +68,21 @@ def canonical_name(name: str) -> str:
 _FUSED_QKV = re.compile(r"^transformer\.blocks\.(\d+)\.attention\.query_key_value\.(weight|bias)$")
 
 
-def _split_fused(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[tuple[str, torch.Tensor]]:
-    """LLaDA2's fused `attention.query_key_value` rows are [q heads | k heads | v heads]."""
+def checkpoint_parts(ckpt_name: str, f, cfg: ModelConfig) -> list[tuple[str, Optional[tuple[int, int]]]]:
+    """Our names of checkpoint tensor `ckpt_name` (in the open safetensors file `f`) with the rows
+    each takes (None: all of them). LLaDA2's fused `attention.query_key_value` is three tensors,
+    its rows [q heads | k heads | v heads]; every other tensor is one."""
+    name = canonical_name(ckpt_name)
     m = _FUSED_QKV.match(name)
     if m is None:
-        return [(name, t)]
+        return [(name, None)]
     layer, kind = m.groups()
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    if t.shape[0] != q + 2 * kv:
-        raise ModelLoadError(f"fused query_key_value of layer {layer} has {t.shape[0]} rows, expected {q + 2 * kv}")
-    parts = torch.split(t, [q, kv, kv], dim=0)
-    return [(f"transformer.blocks.{layer}.{p}_proj.{kind}", x) for p, x in zip("qkv", parts)]
+    rows = f.get_slice(ckpt_name).get_shape()[0]
+    if rows != q + 2 * kv:
+        raise ModelLoadError(f"fused query_key_value of layer {layer} has {rows} rows, expected {q + 2 * kv}")
+    bounds = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
+    return [(f"transformer.blocks.{layer}.{p}_proj.{kind}", bounds[p]) for p in "qkv"]
 
 
 INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
@@ -111,34 +113,6 @@ def skip_meta_init() -> Iterator[None]:
             setattr(torch.nn.init, name, fn)
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def _tensor_files(folder: Path) -> dict[str, Path]:
-    """Checkpoint tensor name -> the safetensors file that holds it."""
-    index = folder / "model.safetensors.index.json"
-    single = folder / "model.safetensors"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(f"{index}: not a safetensors index ({e})") from e
-        files = {name: folder / fname for name, fname in weight_map.items()}
-        for f in set(files.values()):
-            if not f.is_file():
-                raise ModelLoadError(f"{index} names shard {f.name}, which is missing")
-        return files
-    if single.is_file():
-        with safe_open(single, framework="pt") as f:
-            return {name: single for name in f.keys()}
-    raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in {folder}")
-
-
 def router_bias(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The MoE router's expert_bias as the published LLaDA2 model holds it: a buffer, so
     `model.to(dtype)` rounds it to the model dtype (bf16 on the published checkpoints), and the
@@ -147,37 +121,21 @@ def router_bias(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> MaskPredictor:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ModelLoadError(f"model folder {folder} does not exist")
+    folder = checkpoint_folder(folder)
     cfg = ModelConfig.from_dir(folder)
     torch_dtype = resolve_dtype(dtype)
     with torch.device("meta"), skip_meta_init():
         model = MaskPredictor(cfg)
-    expected = {name: p.shape for name, p in model.state_dict().items()}
 
-    files = _tensor_files(folder)
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for ckpt_name, path in files.items():
-        by_file.setdefault(path, []).append((ckpt_name, canonical_name(ckpt_name)))
+    def convert(name: str, t: torch.Tensor) -> torch.Tensor:
+        return (router_bias(t, torch_dtype) if name.endswith("expert_bias") else t.to(torch_dtype)).to(device=device)
 
-    state: dict[str, torch.Tensor] = {}
-    for path, names in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as f:  # memory-mapped
-            for ckpt_name, fused in names:
-                for name, t in _split_fused(fused, f.get_tensor(ckpt_name), cfg):
-                    if name not in expected:
-                        raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
-                    if tuple(t.shape) != tuple(expected[name]):
-                        raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name} has shape {tuple(t.shape)}, "
-                                             f"expected {tuple(expected[name])}")
-                    state[name] = (router_bias(t, torch_dtype) if name.endswith("expert_bias")
-                                   else t.to(torch_dtype)).to(device=device)
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    model.load_state_dict(state, strict=True, assign=True)
+    state = StrictState(folder, {name: p.shape for name, p in model.state_dict().items()}, convert)
+    for ckpt_name, path, f in tensors(folder):  # memory-mapped
+        t = f.get_tensor(ckpt_name)
+        for name, rows in checkpoint_parts(ckpt_name, f, cfg):
+            state.put(name, t if rows is None else t[rows[0]:rows[1]], ckpt_name, path)
+    model.load_state_dict(state.done(), strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
 

@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from celeris.engine.config import ModelConfig
-from celeris.engine.errors import ModelLoadError
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import MoE, SwiGLU
 from celeris.engine.parallel.group import Group, Plan, check_sizes
-from celeris.engine.models.weights import _tensor_files, canonical_name, resolve_dtype, router_bias, skip_meta_init
+from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
+from celeris.engine.models.weights import checkpoint_parts, router_bias, skip_meta_init
 
 COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")
@@ -88,18 +87,6 @@ def _read(f, ckpt_name: str, kind: str, rank: int, n: int, rows: Optional[tuple[
     return t if kind == WHOLE or rank == 0 else torch.zeros_like(t)
 
 
-def _parts(ckpt_name: str, cfg: ModelConfig) -> list[tuple[str, Optional[tuple[int, int]]]]:
-    """Our names of a checkpoint tensor with their row ranges: LLaDA2's fused query_key_value
-    is three tensors ([q heads | k heads | v heads] rows), every other tensor one."""
-    name = canonical_name(ckpt_name)
-    m = re.match(r"^transformer\.blocks\.(\d+)\.attention\.query_key_value\.(weight|bias)$", name)
-    if m is None:
-        return [(name, None)]
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    bounds = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
-    return [(f"transformer.blocks.{m.group(1)}.{p}_proj.{m.group(2)}", bounds[p]) for p in "qkv"]
-
-
 def _local_expert(name: str, cfg: ModelConfig, plan: Plan, rank: int) -> Optional[str]:
     """Under expert parallelism: an expert's name renumbered among this rank's, None if not ours."""
     m = _EXPERT.match(name)
@@ -113,13 +100,8 @@ def _local_expert(name: str, cfg: ModelConfig, plan: Plan, rank: int) -> Optiona
 def checkpoint_parameters(folder: str | Path) -> int:
     """Parameters of the whole model, from the safetensors headers (no tensor is read); the
     router's expert_bias is a buffer, not a parameter, as `model.count_parameters` counts."""
-    total = 0
-    for path in set(_tensor_files(Path(folder)).values()):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                if not name.endswith("expert_bias"):
-                    total += math.prod(f.get_slice(name).get_shape())
-    return total
+    return sum(math.prod(f.get_slice(name).get_shape()) for name, _, f in tensors(folder)
+               if not name.endswith("expert_bias"))
 
 
 def _build(cfg: ModelConfig, plan: Plan, rank: int) -> MaskPredictor:
@@ -137,38 +119,27 @@ def _build(cfg: ModelConfig, plan: Plan, rank: int) -> MaskPredictor:
 def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.dtype = "float32",
                device: str = "cpu") -> MaskPredictor:
     """Rank `group.rank`'s slice of the checkpoint in `folder`, wired to `group`'s collectives."""
-    folder = Path(folder)
+    folder = checkpoint_folder(folder)
     cfg = ModelConfig.from_dir(folder)
     check_sizes(cfg, plan)
     rank, n, torch_dtype = group.rank, plan.size, resolve_dtype(dtype)
     model = _build(cfg, plan, rank)
-    expected = {name: p.shape for name, p in model.state_dict().items()}
-    by_file: dict[Path, list[str]] = {}
-    for ckpt_name, path in _tensor_files(folder).items():
-        by_file.setdefault(path, []).append(ckpt_name)
-    state: dict[str, torch.Tensor] = {}
-    for path, names in by_file.items():
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for ckpt_name in names:
-                for name, rows in _parts(ckpt_name, cfg):
-                    local = _local_expert(name, cfg, plan, rank)
-                    if local is None:
-                        continue
-                    if local not in expected:
-                        raise ModelLoadError(f"unexpected tensor {ckpt_name!r} in {path.name}")
-                    t = _read(f, ckpt_name, how(name, plan), rank, n, rows, cfg.n_kv_heads)
-                    if tuple(t.shape) != tuple(expected[local]):
-                        raise ModelLoadError(f"tensor {ckpt_name!r} in {path.name}: shard shape {tuple(t.shape)}, "
-                                             f"expected {tuple(expected[local])}")
-                    if local.endswith("expert_bias"):
-                        t = router_bias(t, torch_dtype)
-                    # A copy: a view would keep the whole file mapped (and its touched pages resident).
-                    state[local] = t.to(device=device, dtype=torch.float32 if local.endswith("expert_bias")
-                                        else torch_dtype, copy=True)
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ModelLoadError(f"missing tensor(s) in {folder}: {', '.join(missing[:5])}")
-    model.load_state_dict(state, strict=True, assign=True)
+
+    def convert(name: str, t: torch.Tensor) -> torch.Tensor:
+        # A copy: a view would keep the whole file mapped (and its touched pages resident).
+        if name.endswith("expert_bias"):
+            return router_bias(t, torch_dtype).to(device=device, dtype=torch.float32, copy=True)
+        return t.to(device=device, dtype=torch_dtype, copy=True)
+
+    state = StrictState(folder, {name: p.shape for name, p in model.state_dict().items()}, convert)
+    for ckpt_name, path, f in tensors(folder):
+        for name, rows in checkpoint_parts(ckpt_name, f, cfg):
+            local = _local_expert(name, cfg, plan, rank)
+            if local is None:  # an expert another rank holds
+                continue
+            state.expect(local, ckpt_name, path)  # before its slice is cut: an unknown tensor may not split
+            state.put(local, _read(f, ckpt_name, how(name, plan), rank, n, rows, cfg.n_kv_heads), ckpt_name, path)
+    model.load_state_dict(state.done(), strict=True, assign=True)
     for m in model.modules():
         if hasattr(m, "tp"):
             m.tp = group

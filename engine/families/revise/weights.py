@@ -8,19 +8,18 @@ Every other tensor must map onto the model, and every model tensor must be prese
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import safe_open
 
+from celeris.engine.config import read_json
 from celeris.engine.errors import ModelLoadError
 from celeris.engine.families.revise.model import DiffusionGemma
 from celeris.engine.families.revise.config import ARCHITECTURE, gemma_config
-from celeris.engine.models.weights import _tensor_files, resolve_dtype
+from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
 
 log = logging.getLogger(__name__)
 LEFT_OUT = ("model.encoder.vision_tower.", "model.encoder.embed_vision.", "model.encoder.embed_audio.",
@@ -50,43 +49,32 @@ def celeris_name(name: str) -> Optional[str]:
 
 def is_gemma_folder(folder: str | Path) -> bool:
     """Whether a model folder's config.json names DiffusionGemma (which LLM.load serves apart)."""
-    path = Path(folder) / "config.json"
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = read_json(folder, "config.json")
+    except ModelLoadError:
         return False  # the ordinary loader says what is wrong with it
-    return isinstance(raw, dict) and ARCHITECTURE in (raw.get("architectures") or [])
+    return ARCHITECTURE in (raw.get("architectures") or [])
 
 
 def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> DiffusionGemma:
-    folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    folder = checkpoint_folder(folder)
+    raw = read_json(folder, "config.json", required=True)
     if ARCHITECTURE not in (raw.get("architectures") or []):
         raise ModelLoadError(f"{folder}: config.json does not name {ARCHITECTURE}")
     cfg = gemma_config(raw, name=folder.resolve().name)
     model = DiffusionGemma(cfg).to(resolve_dtype(dtype))
     want = model.state_dict()
-    got: dict[str, torch.Tensor] = {}
+    state = StrictState(folder, {name: t.shape for name, t in want.items()}, lambda name, t: t.to(want[name].dtype))
     skipped = 0
-    for name, path in _tensor_files(folder).items():
+    for name, path, f in tensors(folder):
         ours = celeris_name(name)
         if ours is None:
             skipped += 1
             continue
-        if ours in got and name.startswith("model.encoder.language_model."):
+        if ours in state and name.startswith("model.encoder.language_model."):
             continue  # an encoder copy of a shared weight the decoder already gave
-        if ours not in want:
-            raise ModelLoadError(f"checkpoint tensor {name!r} ({path.name}) has no place in this model")
-        with safe_open(path, framework="pt") as f:
-            t = f.get_tensor(name)
-        if tuple(t.shape) != tuple(want[ours].shape):
-            raise ModelLoadError(f"{name} ({path.name}): shape {tuple(t.shape)}, model wants {tuple(want[ours].shape)}")
-        got[ours] = t.to(want[ours].dtype)
-    missing = sorted(set(want) - set(got))
-    if missing:
-        raise ModelLoadError(f"{folder}: tensors missing for {', '.join(missing[:5])}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    model.load_state_dict(got, strict=True)
+        state.put(ours, f.get_tensor(name), name, path)
+    model.load_state_dict(state.done(), strict=True)
     if cfg.left_out or skipped:
         log.warning("%s: serving the text model only; left out: %s (%d tensors)", folder.name,
                     ", ".join(cfg.left_out) or "non-text towers", skipped)
