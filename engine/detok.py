@@ -20,12 +20,18 @@ held: bytes that are simply invalid are emitted one step later, never lost.
 So a commit at position p can change the pieces of p - 1 (no longer the end of its run) and of
 the next few positions to its right (their left context changed): `update` recomputes just those
 and reports which positions changed. Transport-free: doors turn the pieces into messages.
+
+`CanvasDeltas` is what both doors' delta streams are built from: one request's canvas between
+the events a door sends, as a `CanvasDelta` record (the cells whose id, piece or final flag
+changed, the commits, the cuts) that gRPC maps to a GenerateResponse and HTTP to an SSE object.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
 
+from celeris.engine.loop.sequence import StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
 REPLACEMENT = "\ufffd"
@@ -129,4 +135,75 @@ class IncrementalDetokenizer:
         return "".join(self.pieces[:self.visible])
 
 
-__all__ = ["IncrementalDetokenizer"]
+@dataclass(frozen=True)
+class Cell:
+    """One canvas position as a delta reports it."""
+
+    position: int
+    id: int
+    text: str  # the token's own text (the mask marker where masked)
+    masked: bool
+    final: bool  # it will never change again (StepEvent.is_final)
+    piece: Optional[str] = None  # its share of the canvas text, only where that differs from `text`
+
+
+@dataclass(frozen=True)
+class Guess:
+    """The sampler's pick at a position of the current block it left masked (StepEvent.provisional)."""
+
+    position: int
+    id: int
+    text: str
+    confidence: float
+
+
+@dataclass(frozen=True)
+class CanvasDelta:
+    """What changed on one request's canvas since the previous delta: the record both doors map."""
+
+    cells: tuple[Cell, ...]  # ascending: every position whose id, piece or final flag changed
+    committed: tuple[int, ...]  # positions committed since the previous delta, ascending
+    confidences: tuple[float, ...]  # theirs, same order
+    visible: int  # positions before the first stop token: the text is the pieces of [0, visible)
+    settled: int  # positions [0, settled) are final (StepEvent.settled)
+    masked: int  # positions still masked
+    provisional: tuple[Guess, ...] = ()
+
+
+class CanvasDeltas:
+    """Builds one request's `CanvasDelta`s from the step events a door sends, in order.
+
+    A cell is reported when its id or piece changed (the detokenizer's `update`) or when it became
+    final without changing: the events' `settled` count only grows, so those are the positions
+    between the previous delta's count and this one's that were not final before (every position
+    of a revising model's canvas; a mask model's committed ones already were). `StepEvent.is_final`
+    holds the one rule for which family is which."""
+
+    def __init__(self, tok: Tokenizer, length: int):
+        self.tok = tok
+        self.detok = IncrementalDetokenizer(tok, length)
+        self.final = bytearray(length)  # each position's final flag as last reported
+        self.settled = 0  # `settled` of the previous delta
+
+    def delta(self, ev: StepEvent, committed: Mapping[int, float]) -> Optional[CanvasDelta]:
+        """The delta of `ev`, given the positions committed since the previous delta (with their
+        confidences); None for the last event, which both doors send whole (its text cut at the stop)."""
+        if ev.finished:
+            return None
+        d, mask, final = self.detok, self.tok.mask_id, self.final
+        changed = set(d.update(ev.canvas, committed, ev.visible))
+        changed.update(i for i in range(self.settled, ev.settled) if not final[i])
+        self.settled = max(self.settled, ev.settled)
+        text = self.tok.token_text
+        cells = []
+        for i in sorted(changed):
+            t = d.ids[i]
+            final[i] = ev.is_final(i, mask)
+            own = text(t)
+            cells.append(Cell(i, t, own, t == mask, bool(final[i]), None if d.pieces[i] == own else d.pieces[i]))
+        positions = tuple(sorted(committed))
+        return CanvasDelta(tuple(cells), positions, tuple(committed[p] for p in positions), ev.visible, ev.settled,
+                           d.masked, tuple(Guess(i, t, text(t), c) for i, t, c in ev.provisional))
+
+
+__all__ = ["CanvasDelta", "CanvasDeltas", "Cell", "Guess", "IncrementalDetokenizer"]

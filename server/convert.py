@@ -3,8 +3,8 @@
 Generate's messages are built by a `ChoiceFormatter` per choice, which the servicer hands to the
 scheduler (Scheduler.submit): it runs in the scheduler's formatter thread, once per step event, so the
 event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
-messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions), their text pieces kept by the
-engine's incremental detokenizer.
+messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `detok.CanvasDelta`,
+the record the engine builds for both doors.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Optional
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
-from celeris.engine.detok import IncrementalDetokenizer
+from celeris.engine.detok import CanvasDelta, CanvasDeltas
 from celeris.engine.errors import FieldViolation, InvalidRequest
 from celeris.engine.sampling.knobs import CHOICE, IDS, STRINGS, on
 from celeris.engine.llm import Request
@@ -182,12 +182,25 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
     return msg
 
 
+def delta_message(ev: StepEvent, d: CanvasDelta, provisional: bool) -> pb.GenerateResponse:
+    """The engine's canvas delta as a message: O(changed positions), no full decode."""
+    return pb.GenerateResponse(
+        request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
+        num_blocks=ev.num_blocks, committed_positions=d.committed, committed_confidences=d.confidences,
+        text_positions=d.visible, final_positions=d.settled, revising=ev.revising,
+        updates=[pb.TokenUpdate(position=c.position, token=pb.Token(id=c.id, text=c.text, masked=c.masked,
+                                                                     final=c.final, piece=c.piece))
+                 for c in d.cells],
+        provisional=[pb.TokenUpdate(position=g.position, token=pb.Token(id=g.id, text=g.text, confidence=g.confidence))
+                     for g in (d.provisional if provisional else ())])
+
+
 @dataclass
 class ChoiceFormatter:
     """Builds the messages of one choice from its step events (None: nothing to send this step).
 
     Called by the formatter thread, in step order, never on the event loop. Keeps what a delta needs
-    between messages: positions committed since the last message sent and the canvas pieces."""
+    between messages: positions committed since the last message sent and the engine's canvas deltas."""
 
     plan: StreamPlan
     tok: Tokenizer
@@ -195,26 +208,22 @@ class ChoiceFormatter:
     seq: Sequence  # read once, here: its params (a door reads no engine state after submit)
     t0: float = field(default_factory=time.perf_counter)  # admission: `elapsed` counts from here
     committed: dict[int, float] = field(default_factory=dict)  # since the last message sent
-    detok: Optional[IncrementalDetokenizer] = None
+    deltas: Optional[CanvasDeltas] = None
     first: bool = True
     lengths: tuple[int, int] = (0, 0)  # (gen_length, block_length)
-    final_sent: int = 0  # final_positions of the last message sent (a revising model's updates carry the flips)
 
     def __post_init__(self) -> None:
         self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
         if self.plan.delta:
-            self.detok = IncrementalDetokenizer(self.tok, self.lengths[0])
+            self.deltas = CanvasDeltas(self.tok, self.lengths[0])
 
     def __call__(self, ev: StepEvent) -> Optional[pb.GenerateResponse]:
         self.committed.update(zip(ev.committed, ev.confidences))
         if not self.plan.wants(ev):
             return None
         committed, self.committed = self.committed, {}
-        if ev.finished or self.detok is None:
-            msg = snapshot(ev, self.tok, committed)
-        else:
-            msg = self.delta(ev, committed)
-        self.final_sent = ev.settled
+        d = self.deltas.delta(ev, committed) if self.deltas is not None else None
+        msg = snapshot(ev, self.tok, committed) if d is None else delta_message(ev, d, self.plan.provisional)
         msg.choice = self.choice
         if self.plan.delta:
             msg.format = pb.SNAPSHOT_FORMAT_DELTA
@@ -230,33 +239,6 @@ class ChoiceFormatter:
         return pb.CanvasLayout(gen_length=gen_length, block_length=block_length, num_blocks=ev.num_blocks,
                                prompt_tokens=ev.prompt_tokens, mask_token_id=self.tok.mask_id, mask_text=MASK_MARKER,
                                revising=ev.revising)
-
-    def delta(self, ev: StepEvent, committed: dict[int, float]) -> pb.GenerateResponse:
-        """What changed since the last message: O(changed positions), no full decode."""
-        assert self.detok is not None
-        changed = self.detok.update(ev.canvas, committed, ev.visible)
-        if ev.revising:  # positions made final since the last message, whether or not their id changed
-            changed = sorted(set(changed).union(range(self.final_sent, ev.settled)))
-        positions = sorted(committed)
-        text = self.tok.token_text
-        return pb.GenerateResponse(
-            request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
-            num_blocks=ev.num_blocks, committed_positions=positions,
-            committed_confidences=[committed[p] for p in positions], text_positions=ev.visible,
-            final_positions=ev.settled, revising=ev.revising, updates=[pb.TokenUpdate(position=p, token=self.token(p, ev)) for p in changed],
-            provisional=[pb.TokenUpdate(position=p, token=pb.Token(id=t, text=text(t), confidence=c))
-                         for p, t, c in (ev.provisional if self.plan.provisional else ())])
-
-    def token(self, p: int, ev: StepEvent) -> pb.Token:
-        """Position p's id, own text, masked and final flags, and piece (set only where it differs)."""
-        d = self.detok
-        assert d is not None
-        t = d.ids[p]
-        text, piece = self.tok.token_text(t), d.pieces[p]
-        token = pb.Token(id=t, text=text, masked=t == self.tok.mask_id, final=ev.is_final(p, self.tok.mask_id))
-        if piece != text:
-            token.piece = piece
-        return token
 
 
 def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:

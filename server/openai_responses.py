@@ -16,8 +16,8 @@ Streaming has two modes:
   final_positions) are final in every family. With `provisional: true` each event before the last
   also carries `provisional`: [{"i", "text", "confidence"}], the sampler's pick at each cell of the
   current block it ranked this step and left masked (replacing the previous event's list whole).
-  The last event is a whole snapshot, as below, with the final text. Built in O(changed cells)
-  by the engine's incremental detokenizer.
+  The last event is a whole snapshot, as below, with the final text. Each event maps the
+  engine's `detok.CanvasDelta` (the record gRPC's delta messages map too), O(changed cells).
 - diffusing, full (`diffusing: "full"`): every event carries the whole canvas as text (replace,
   not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
   so, with step / block counters, `final_positions` and each position's state (and "final") for
@@ -36,7 +36,7 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from celeris.engine.detok import IncrementalDetokenizer
+from celeris.engine.detok import CanvasDeltas
 from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
@@ -113,9 +113,8 @@ class Responder:
         self.created = int(time.time())
         self.sent = ""  # text already streamed in plain mode
         self.first = True
-        self.detok: Optional[IncrementalDetokenizer] = None  # delta diffusing: the cells' pieces
+        self.deltas: Optional[CanvasDeltas] = None  # delta diffusing: the engine's canvas deltas
         self.layout_sent = False
-        self.final_sent = 0  # final_positions of the previous delta event
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
         obj = "chat.completion" + (".chunk" if chunk else "") if self.chat else "text_completion"
@@ -204,32 +203,25 @@ class Responder:
 
     def diffusing_delta(self, ev: StepEvent) -> dict[str, Any]:
         """The cells that changed since the previous event (the last event: a whole snapshot)."""
-        if ev.finished:
+        if self.deltas is None:
+            self.deltas = CanvasDeltas(self.tok, len(ev.canvas))
+        d = self.deltas.delta(ev, dict(zip(ev.committed, ev.confidences)))
+        if d is None:  # the last event
             chunk = self.diffusing_chunk(ev)
             chunk["celeris"]["format"] = "delta"
             return self._with_layout(chunk, ev)
-        if self.detok is None:
-            self.detok = IncrementalDetokenizer(self.tok, len(ev.canvas))
-        d = self.detok
-        changed = d.update(ev.canvas, ev.committed, ev.visible)
-        if ev.revising:  # cells made final since the previous event, whether or not their token changed
-            changed = sorted(set(changed).union(range(self.final_sent, ev.settled)))
-        self.final_sent = ev.settled
         updates = []
-        for i in changed:
-            t = d.ids[i]
-            cell: dict[str, Any] = {"i": i, "text": self.tok.token_text(t), "masked": t == self.tok.mask_id,
-                                    "final": ev.is_final(i, self.tok.mask_id)}
-            if d.pieces[i] != cell["text"]:
-                cell["piece"] = d.pieces[i]
+        for c in d.cells:
+            cell: dict[str, Any] = {"i": c.position, "text": c.text, "masked": c.masked, "final": c.final}
+            if c.piece is not None:
+                cell["piece"] = c.piece
             updates.append(cell)
         extra = {"format": "delta", "step": ev.step + 1, "total_steps": ev.total_steps, "block": ev.block,
-                 "num_blocks": ev.num_blocks, "masked": d.masked, "committed": len(ev.committed), "done": False,
-                 "new": sorted(ev.committed), "visible": ev.visible, "final_positions": ev.settled,
-                 "updates": updates}
+                 "num_blocks": ev.num_blocks, "masked": d.masked, "committed": len(d.committed), "done": False,
+                 "new": list(d.committed), "visible": d.visible, "final_positions": d.settled, "updates": updates}
         if self.provisional:
-            extra["provisional"] = [{"i": i, "text": self.tok.token_text(t), "confidence": c}
-                                    for i, t, c in ev.provisional]
+            extra["provisional"] = [{"i": g.position, "text": g.text, "confidence": g.confidence}
+                                    for g in d.provisional]
         return self._with_layout(self._chunk("", ev, extra), ev)
 
     def _with_layout(self, chunk: dict[str, Any], ev: StepEvent) -> dict[str, Any]:

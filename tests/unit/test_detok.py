@@ -131,3 +131,32 @@ def test_wordpiece_continuations_join_their_left_neighbour():
     assert detok.text() == tok.render([tok.mask_id, lo, world])
     assert detok.update([hel, lo, world], [0], 3) == [0, 1]
     assert detok.text() == "hello world" == tok.render([hel, lo, world])
+
+
+def _event(canvas: list[int], committed: tuple[int, ...], settled: int, revising: bool, finished: bool = False):
+    from celeris.engine.loop.sequence import StepEvent
+
+    return StepEvent(request_id="r", step=0, total_steps=4, block=0, num_blocks=2, canvas=tuple(canvas),
+                     committed=committed, confidences=(0.5,) * len(committed), generated=(), visible=len(canvas),
+                     settled=settled, steps=1, forward_passes=1, seed=0, prompt_tokens=1, finished=finished,
+                     revising=revising)
+
+
+@pytest.mark.parametrize("revising", [False, True])
+def test_canvas_delta_reports_cells_made_final_once_in_every_family(revising):
+    """A cell goes out when its id or piece changes, or when it becomes final unchanged: a revising
+    model's settled cells (final only below `settled`), never a mask model's (final once committed)."""
+    from celeris.engine.detok import CanvasDeltas
+
+    tok = embedded()
+    ids = tok.encode("hello world")[-4:]
+    deltas, mask = CanvasDeltas(tok, 4), tok.mask_id
+    first = deltas.delta(_event([ids[0], ids[1], mask, mask], (0, 1), 0, revising), {0: 0.5, 1: 0.25})
+    assert [c.position for c in first.cells] == [0, 1] and first.committed == (0, 1)
+    assert first.confidences == (0.5, 0.25) and first.masked == 2
+    assert [c.final for c in first.cells] == [not revising] * 2
+    # Block 0 settles with no id changed; block 1 gets its first commit.
+    second = deltas.delta(_event([ids[0], ids[1], ids[2], mask], (2,), 2, revising), {2: 0.5})
+    assert [c.position for c in second.cells] == ([0, 1, 2] if revising else [2])
+    assert all(c.final for c in second.cells if c.position < 2) and second.settled == 2
+    assert deltas.delta(_event(ids, (3,), 4, revising, finished=True), {3: 0.5}) is None  # sent whole
