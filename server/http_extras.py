@@ -1,4 +1,4 @@
-"""The HTTP gateway's routes beyond generation, and CORS.
+"""The HTTP gateway's handlers beyond generation, and CORS (the routes are in http_gateway.ROUTES).
 
 - `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` (`add_special_tokens:
   false` leaves out the BOS) or chat `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
@@ -156,49 +156,40 @@ class HostCheck:
         return web.json_response(body, status=421)
 
 
-def add_metrics_route(app: web.Application, registry: Any) -> None:
-    """Prometheus /metrics on the HTTP gateway's own port (`registry`: the server's CollectorRegistry)."""
+# Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
+
+async def metrics(gw: Any, request: web.Request) -> web.Response:
+    """Prometheus /metrics on the HTTP gateway's own port (the server's CollectorRegistry)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app.router.add_get("/metrics", metrics)
+    registry = gw.lifecycle.telemetry.metrics.registry
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-class TokenizerRoutes:
-    """`/tokenize`, `/detokenize`, `/version`; `gateway` is the HttpGateway (llm, body reader, names)."""
+async def tokenize(gw: Any, request: web.Request) -> web.Response:
+    llm = gw.llm
+    try:
+        req = openai_api.parse_tokenize(await gw.read_json(request), gw.model_names)
+        if req.messages is not None:
+            ids = await llm.encode_prompt_async(messages=req.messages)
+        else:
+            ids = await llm.encode_prompt_async(req.prompt)
+            ids = ids if req.add_special_tokens else _without_bos(llm.tokenizer, req.prompt, ids)
+    except InvalidRequest as e:
+        return _error(openai_api.rename_fields(e, None))
+    body = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
+            "token_strs": llm.tokenizer.tokens(ids) if req.return_token_strs else None}
+    return web.json_response(body)
 
-    def __init__(self, gateway: Any):
-        self.gw = gateway
 
-    def add_to(self, app: web.Application) -> None:
-        app.router.add_post("/tokenize", self.tokenize)
-        app.router.add_post("/detokenize", self.detokenize)
-        app.router.add_get("/version", self.version)
+async def detokenize(gw: Any, request: web.Request) -> web.Response:
+    try:
+        ids = openai_api.parse_detokenize(await gw.read_json(request), gw.model_names)
+        text = await gw.llm.detokenize_async(ids)
+    except InvalidRequest as e:
+        return _error(e)
+    return web.json_response({"prompt": text})
 
-    async def tokenize(self, request: web.Request) -> web.Response:
-        llm = self.gw.llm
-        try:
-            req = openai_api.parse_tokenize(await self.gw.read_json(request), self.gw.model_names)
-            if req.messages is not None:
-                ids = await llm.encode_prompt_async(messages=req.messages)
-            else:
-                ids = await llm.encode_prompt_async(req.prompt)
-                ids = ids if req.add_special_tokens else _without_bos(llm.tokenizer, req.prompt, ids)
-        except InvalidRequest as e:
-            return _error(openai_api.rename_fields(e, None))
-        body = {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
-                "token_strs": llm.tokenizer.tokens(ids) if req.return_token_strs else None}
-        return web.json_response(body)
 
-    async def detokenize(self, request: web.Request) -> web.Response:
-        try:
-            ids = openai_api.parse_detokenize(await self.gw.read_json(request), self.gw.model_names)
-            text = await self.gw.llm.detokenize_async(ids)
-        except InvalidRequest as e:
-            return _error(e)
-        return web.json_response({"prompt": text})
-
-    async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": version()})
+async def get_version(gw: Any, request: web.Request) -> web.Response:
+    return web.json_response({"version": version()})

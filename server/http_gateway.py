@@ -1,8 +1,10 @@
 """OpenAI-compatible HTTP gateway and the web page, in the gRPC server's process and event loop.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health, and
-GET / (the web page, clients/web/index.html); /tokenize, /detokenize, /version and CORS live in
-http_extras.py. Requests go to the same Scheduler as gRPC, so both
+Routes: one table, `ROUTES` (at the end), from which the gateway registers, guards and logs every
+route and /openapi.json lists them: generation (POST /v1/completions, /v1/chat/completions),
+GET /v1/models[/{id}], GET /health and GET / (the web page, clients/web/index.html) are handled
+here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in http_extras.py;
+/ping and /openapi.json in http_vllm.py. Requests go to the same Scheduler as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
@@ -14,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import time
+import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
@@ -28,17 +32,14 @@ from celeris.server import openai_api
 from celeris.server.errors import RequestTimeout, error_body
 from celeris.server.http_body import read_json
 from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
-from celeris.server.http_vllm import PATHS as VLLM_PATHS
-from celeris.server.http_vllm import VllmRoutes
+from celeris.server import http_extras, http_vllm
 from celeris.server.guard import Guard
-from celeris.server.http_extras import Cors, HostCheck, TokenizerRoutes, add_metrics_route
+from celeris.server.http_extras import Cors, HostCheck
 from celeris.server.lifecycle import Lifecycle, LiveRequest, merged, structure_path
 from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = ("/", "/health", "/version", "/metrics", *VLLM_PATHS)  # no token needed: the page asks for one, probes and scrapers have none
-PROBE_PATHS = ("/health", "/ping")
 ENDING_S = 2.0  # after the shutdown grace: time for handlers to write their endings before they are cut
 
 
@@ -98,17 +99,14 @@ class HttpGateway:
         app = web.Application(middlewares=middlewares, client_max_size=self.settings.max_request_bytes)
         if cors.allowed:
             app.on_response_prepare.append(cors.on_prepare)
-        TokenizerRoutes(self).add_to(app)
-        VllmRoutes(self).add_to(app)  # /ping, /openapi.json
-        if getattr(self.settings, "metrics_on_http", False):
-            add_metrics_route(app, self.lifecycle.telemetry.metrics.registry)
-        app.router.add_get("/", self.page)
-        app.router.add_get("/health", self.healthz)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/v1/models/{model:.+}", self.model)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        for r in self.routes():
+            add = app.router.add_get if r.method == "GET" else app.router.add_post  # add_get answers HEAD too
+            add(r.path, types.MethodType(r.handler, self))
         return app
+
+    def routes(self) -> tuple["Route", ...]:
+        """The routes this gateway serves: the table less those a setting turns off."""
+        return tuple(r for r in ROUTES if r.flag is None or getattr(self.settings, r.flag, False))
 
     async def start(self, port: int) -> None:
         self._page = web_page_path().read_bytes()
@@ -338,3 +336,39 @@ class HttpGateway:
         except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
             log.info("http.client_gone", request_id=responders[0].request_id)
         return resp
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP route: what the gateway registers, guards and logs, and /openapi.json lists."""
+
+    method: str  # GET or POST
+    path: str  # aiohttp's pattern
+    handler: Callable[[Any, web.Request], Awaitable[web.StreamResponse]]  # (gateway, request)
+    summary: str  # its line in /openapi.json
+    public: bool = False  # no token needed: the page asks for one, probes, tools and scrapers have none
+    probe: bool = False  # logged at debug level: probes come every few seconds
+    body: Optional[str] = None  # its JSON body's schema in /openapi.json (components.schemas)
+    flag: Optional[str] = None  # the server setting that serves it (unset: not served, not listed)
+
+
+_G = HttpGateway
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/", _G.page, "the web page", public=True),
+    Route("GET", "/health", _G.healthz, "200 while serving", public=True, probe=True),
+    Route("GET", "/v1/models", _G.models, "the served model names"),
+    Route("GET", "/v1/models/{model:.+}", _G.model, "one served model name"),
+    Route("POST", "/v1/completions", _G.completions, "text completion (OpenAI)", body="CompletionRequest"),
+    Route("POST", "/v1/chat/completions", _G.chat_completions, "chat completion (OpenAI)",
+          body="ChatCompletionRequest"),
+    Route("POST", "/tokenize", http_extras.tokenize, "prompt -> token ids (vLLM)"),
+    Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
+    Route("GET", "/version", http_extras.get_version, "the server's version", public=True),
+    Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (--metrics-on-http-port)", public=True,
+          flag="metrics_on_http"),
+    Route("GET", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("POST", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("GET", "/openapi.json", http_vllm.openapi_json, "this document (OpenAPI 3.1)", public=True),
+)
+PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)
+PROBE_PATHS = frozenset(r.path for r in ROUTES if r.probe)

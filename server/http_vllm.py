@@ -1,17 +1,17 @@
 """vLLM's side endpoints on the HTTP gateway: `/ping` (SageMaker's health path, GET and POST, as
-vLLM serves it) and `/openapi.json`, an OpenAPI 3.1 description of the routes whose request
-schema is generated from the knob table (engine/sampling/knobs.py), so it cannot drift from what
-the parser accepts."""
+vLLM serves it) and `/openapi.json`, an OpenAPI 3.1 description of the routes the gateway serves
+(its route table, http_gateway.ROUTES), whose request schema is generated from the knob table
+(engine/sampling/knobs.py), so it cannot drift from what the parser accepts."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Iterable
 
 from aiohttp import web
 
 from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
 
-PATHS = ("/ping", "/openapi.json")  # public, like /health: probes and tools carry no token
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
           IDS: {"type": "array", "items": {"type": "integer"}}}
@@ -44,45 +44,45 @@ def request_schema(chat: bool) -> dict[str, Any]:
             "additionalProperties": False}
 
 
-def openapi(title: str, version: str) -> dict[str, Any]:
-    """The document: every route of the gateway; the two generation bodies in full."""
-    def post(schema_name: str, summary: str) -> dict[str, Any]:
-        return {"post": {"summary": summary, "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{schema_name}"}}}},
-            "responses": {"200": {"description": "JSON, or server-sent events with stream: true"}}}}
+def _path(route: Any) -> str:
+    """aiohttp's path as OpenAPI writes it: "/v1/models/{model:.+}" -> "/v1/models/{model}"."""
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path)
 
-    def get(summary: str) -> dict[str, Any]:
-        return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
 
-    paths = {"/v1/completions": post("CompletionRequest", "text completion (OpenAI)"),
-             "/v1/chat/completions": post("ChatCompletionRequest", "chat completion (OpenAI)"),
-             "/v1/models": get("the served model names"), "/health": get("200 while serving"),
-             "/ping": get("200 while serving (vLLM, SageMaker)") | {"post": get("")["get"]},
-             "/version": get("the server's version"), "/tokenize": {"post": get("prompt -> token ids (vLLM)")["get"]},
-             "/detokenize": {"post": get("token ids -> text (vLLM)")["get"]}, "/": get("the web page")}
+def _operation(route: Any) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": route.summary, "responses": {"200": {"description": "OK"}}}
+    if params := re.findall(r"\{(\w+)", _path(route)):
+        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params]
+    if route.body:
+        op["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{route.body}"}}}}
+        op["responses"] = {"200": {"description": "JSON, or server-sent events with stream: true"}}
+    return op
+
+
+def openapi(title: str, version: str, routes: Iterable[Any]) -> dict[str, Any]:
+    """The document: every route the gateway serves (`http_gateway.Route`s); the two generation
+    bodies in full."""
+    paths: dict[str, dict[str, Any]] = {}
+    for r in routes:
+        paths.setdefault(_path(r), {})[r.method.lower()] = _operation(r)
     return {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths,
             "components": {"schemas": {"CompletionRequest": request_schema(chat=False),
                                        "ChatCompletionRequest": request_schema(chat=True)}}}
 
 
-class VllmRoutes:
-    def __init__(self, gateway: Any):
-        self.gateway = gateway
+# Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
 
-    def add_to(self, app: web.Application) -> None:
-        app.router.add_get("/ping", self.ping)
-        app.router.add_post("/ping", self.ping)
-        app.router.add_get("/openapi.json", self.openapi)
+async def ping(gw: Any, request: web.Request) -> web.StreamResponse:
+    """/health's answer (200 serving, 503 loading or draining), at vLLM's path."""
+    return await gw.healthz(request)
 
-    async def ping(self, request: web.Request) -> web.StreamResponse:
-        """/health's answer (200 serving, 503 loading or draining), at vLLM's path."""
-        return await self.gateway.healthz(request)
 
-    async def openapi(self, request: web.Request) -> web.Response:
-        from importlib.metadata import PackageNotFoundError, version
+async def openapi_json(gw: Any, request: web.Request) -> web.Response:
+    from importlib.metadata import PackageNotFoundError, version
 
-        try:
-            v = version("celeris")
-        except PackageNotFoundError:
-            v = "0"
-        return web.json_response(openapi("Celeris (OpenAI-compatible HTTP API)", v))
+    try:
+        v = version("celeris")
+    except PackageNotFoundError:
+        v = "0"
+    return web.json_response(openapi("Celeris (OpenAI-compatible HTTP API)", v, gw.routes()))
