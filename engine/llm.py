@@ -8,30 +8,23 @@ and the server builds a `Scheduler` on top of `LLM.loop`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
-from celeris.engine.families.block.runner import BlockRunner
-from celeris.engine.config import EngineConfig, ModelConfig
-from celeris.engine.errors import ModelLoadError
-from celeris.engine.families.family import FULL, REVISE_KNOBS, Family, family_of
-from celeris.engine.families.revise.config import generation_eos, revise_defaults
-from celeris.engine.families.revise.weights import is_gemma_folder, load_gemma
-from celeris.engine.sampling.knobs import KNOBS
+from celeris.engine.config import EngineConfig, ModelConfig, read_json
+from celeris.engine.families import registry
+from celeris.engine.families.family import FULL, Family, family_of
+from celeris.engine.sampling.knobs import configured
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.sampling.params import SamplingParams
-from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
-from celeris.engine.families.canvas.runner import Runner
 from celeris.engine.loop.runner_api import StepRunner
 from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
 from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.tokenizer import Tokenizer
-from celeris.engine.models.weights import load_model
 
 EMBEDDED_MODEL = Path(__file__).parent / "training" / "celeris-tiny"
 # The models shipped inside the package, loadable by name (`--model celeris-tiny-block`).
@@ -60,21 +53,15 @@ class Result:
 
 
 def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingParams:
-    """Sampling defaults a checkpoint recommends in `generation_config.json` (celeris keys).
+    """Sampling defaults a checkpoint recommends in `generation_config.json` (the knobs its family
+    reads there, `Family.model_knobs`), over its family's base (`Family.base_params`).
 
     A block-diffusion model decodes in its trained block size, one token per step by default
     (SDAR's and LLaDA2's published step counts equal the block length).
     """
-    base = family_of(cfg).base_params() if cfg is not None else SamplingParams()
-    path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return base.validate()
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: invalid JSON ({e})") from e
-    known = {k.name for k in KNOBS if not k.per_request} - set(REVISE_KNOBS)  # a mask model has none of them
-    return replace(base, **{k: v for k, v in raw.items() if k in known}).validate()
+    family = family_of(cfg) if cfg is not None else Family("", FULL, None)
+    raw = read_json(folder, "generation_config.json")
+    return replace(family.base_params(), **configured(raw, family.model_knobs)).validate()
 
 
 class LLM:
@@ -86,8 +73,8 @@ class LLM:
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.name = model, tokenizer, config, name
         self.family: Family = family_of(model.cfg)  # decided once: every other place asks it
-        runner = ReviseRunner if self.family.revising else BlockRunner if self.family.block else Runner
-        self.runner: StepRunner = runner(model, config, self.family)
+        self.row = registry.row_of(self.family)  # its runner, request state and warm-up
+        self.runner: StepRunner = self.row.runner(model, config, self.family)
         self.loop = StepLoop(self.runner, config.max_queue)
         self.requests = Requests(tokenizer, config, defaults, self.family)
 
@@ -97,33 +84,9 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
-        if is_gemma_folder(folder):
-            return cls._load_revising(folder, config, defaults)
-        if config.tensor_parallel_size != 1 or config.expert_parallel:
-            from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
-            model = start(folder, config)
-        else:
-            model = load_model(folder, dtype=config.dtype, device=config.device)
+        model = registry.claim(folder).load(folder, config)  # the first family row that claims the folder
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
-
-    @classmethod
-    def _load_revising(cls, folder: Path, config: EngineConfig, defaults: Optional[SamplingParams]) -> LLM:
-        """A DiffusionGemma folder: its text model (what is left out is logged), tokenizer, and the
-        sampler defaults of its generation_config.json. One process, CPU: no parallel or CUDA path yet."""
-        if config.tensor_parallel_size != 1 or config.expert_parallel:
-            raise ModelLoadError("DiffusionGemma is served on one process only (no tensor/expert parallel yet)")
-        if config.device != "cpu":
-            raise ModelLoadError(f"DiffusionGemma is served on the CPU only for now, not {config.device!r}")
-        model = load_gemma(folder, dtype=config.dtype, device=config.device)
-        eos = tuple(dict.fromkeys(model.cfg.eos_token_ids + generation_eos(folder)))
-        model.cfg = replace(model.cfg, eos_token_ids=eos)  # the tokenizer's stop ids
-        family = family_of(model.cfg)
-        tok = Tokenizer.from_dir(folder, model.cfg)
-        if defaults is None:
-            r = revise_defaults(folder)
-            defaults = replace(family.base_params(), **{k: getattr(r, k) for k in REVISE_KNOBS}).validate()
-        return cls(model, tok, config, defaults, name=model.cfg.name)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a no-op on one process)."""
@@ -196,7 +159,12 @@ class LLM:
     @property
     def kv_cache(self) -> str:
         """What the engine caches by default: `exact` for block models, else the approximate mode."""
-        return self.config.kv_cache if self.family.kind == FULL else self.family.default_kv_cache
+        return self.family.kv_cache(self.config.kv_cache)
+
+    @property
+    def warmup_params(self) -> SamplingParams:
+        """The server's warm-up request: one tiny generation of this family."""
+        return self.row.warmup_params()
 
     def result(self, seq: Sequence) -> Result:
         ids = seq.generated()

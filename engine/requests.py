@@ -16,12 +16,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
 
-from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.config import EngineConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 from celeris.engine.families.family import Family
+from celeris.engine.families.registry import row_of
 from celeris.engine.sampling.params import MAX_SEED, SamplingParams
-from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from celeris.engine.tokenizer import Tokenizer
@@ -62,6 +61,7 @@ class Requests:
 
     def __init__(self, tokenizer: Tokenizer, config: EngineConfig, defaults: SamplingParams, family: Family):
         self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
+        self.row = row_of(family)  # how its requests' state is built
         # Seeds of requests that give none: the OS's, or a seeded generator (serve --seed) for a reproducible run.
         self.seeds: random.Random = secrets.SystemRandom()
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
@@ -180,7 +180,7 @@ class Requests:
             layout = self._compiler.compile(spec, params.gen_length)
         except StructureError as e:
             raise InvalidRequest([FieldViolation(e.path, e.reason)]) from None
-        if layout.path == "document" and self.family.revising:  # not yet: its canvases commit another way
+        if layout.path == "document" and not self.row.documents:
             raise InvalidRequest([FieldViolation(spec.field, "outside the skeleton's subset: the whole-document path "
                                                              "is not served on revising models (DiffusionGemma) yet")])
         return Constraint(layout, self._compiler, spec.field)
@@ -277,21 +277,12 @@ class Requests:
 
     def _sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                   constraint: Optional[Constraint] = None) -> Sequence:
-        """The decoding state of a validated request, with a seed when none was given."""
+        """The decoding state of a validated request, with a seed when none was given, as its
+        family's row builds it (engine/families/registry.py)."""
         if params.seed is None:
             params = params.with_seed(self.seeds.getrandbits(63))
         rid = request_id or uuid.uuid4().hex
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.tokenizer.stop_ids)
         stops = dict(stop_ids=stop_ids, mask_id=self.tokenizer.mask_id,
                      find_stop_text=self.tokenizer.stop_finder(params.stop) if params.stop else None)
-        if self.family.revising:  # whole canvases, as transformers writes them; its exact cache
-            L = self.family.block_length
-            G = -(-params.gen_length // L) * L
-            params = replace(params, gen_length=G, block_length=L, steps=G // L, kv_cache="exact")
-            return RevisingSequence(rid, prompt_ids, params, constraint=constraint, **stops)
-        if self.family.block:
-            return BlockSequence(rid, prompt_ids, params, prefill_chunk=self.config.prefill_chunk,
-                                 constraint=constraint, edits=self.family.edits, **stops)
-        if params.kv_cache is None:  # the engine's default, recorded so every surface can report it
-            params = replace(params, kv_cache=self.config.kv_cache)
-        return Sequence(rid, prompt_ids, params, constraint=constraint, **stops)
+        return self.row.new_sequence(self.family, self.config, rid, prompt_ids, params, constraint=constraint, **stops)

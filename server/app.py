@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import grpc
@@ -20,7 +20,6 @@ from grpc_reflection.v1alpha import reflection
 
 from celeris.v1 import generation_pb2, generation_pb2_grpc
 from celeris.engine.llm import LLM
-from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.loop.scheduler import Scheduler
 from celeris.engine.threads import TensorThread
 from celeris.server.errors import PortInUse
@@ -184,10 +183,7 @@ class CelerisServer:
     async def _warmup(self) -> None:
         """One tiny generation through the real path, so the first user request is not the slow one."""
         ids = self.llm.encode_prompt([self.llm.tokenizer.eos_id])
-        params = SamplingParams(gen_length=1, steps=1, block_length=1, seed=0)
-        if self.llm.family.revising:  # one denoising step of one canvas
-            params = replace(params, max_denoising_steps=1)
-        seq = self.llm.sequence(ids, params, "warmup")
+        seq = self.llm.sequence(ids, self.llm.warmup_params, "warmup")  # its family's tiny request
         with self.scheduler.submit(seq) as stream:
             async for _ in stream:
                 pass

@@ -14,17 +14,16 @@ from typing import Optional
 import torch
 
 from celeris.engine.errors import FieldViolation
-from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.batch import SelectionRule
+from celeris.engine.sampling.knobs import KNOBS, Knob, only, read_by
+from celeris.engine.sampling.params import MASK, REVISE as REVISING, SamplingParams
 
 REVISE_ARCH = "diffusion-gemma"
 FULL, BLOCK, REVISE = "full", "block", "revise"
-# The knobs only a revising family reads, and the mask-model knobs it does not have.
-REVISE_KNOBS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
-                "confidence_threshold")
-_NOT_REVISING = ("temperature", "remasking", "threshold", "factor", "factor_rule", "schedule", "eps", "top_k",
-                 "top_p", "min_p", "frequency_penalty", "presence_penalty", "cfg_scale",
-                 "editing_threshold", "max_post_steps")
+# The knobs only a revising family reads, and the mask-model knobs it does not have: both from
+# the knob table (SamplingParams' `only=` tags).
+REVISE_KNOBS = only(REVISING)
+_NOT_REVISING = only(MASK)
 # Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
 # default is 50 unless generation_config.json sets it: confidences are then ranked over the 50
 # most likely tokens' renormalised probabilities.
@@ -52,9 +51,28 @@ class Family:
         return self.kind == REVISE
 
     @property
-    def default_kv_cache(self) -> str:
-        """What a request decodes over when it asks for nothing: block families' exact cache."""
-        return "exact" if self.kind in (BLOCK, REVISE) else "none"
+    def decoder(self) -> str:
+        """Which knobs it reads (the knob table's MASK or REVISE)."""
+        return REVISING if self.revising else MASK
+
+    @property
+    def model_knobs(self) -> tuple[Knob, ...]:
+        """The knobs a checkpoint's generation_config.json may set: a mask model's every knob it
+        reads (celeris keys); a revising model's own only (its file is transformers' format, where
+        a key of another knob's name, `temperature`, `top_k`, means something else)."""
+        own = read_by(self.decoder) if self.decoder == MASK else tuple(k for k in KNOBS if k.only == REVISING)
+        return tuple(k for k in own if not k.per_request)
+
+    @property
+    def simulable(self) -> bool:
+        """Whether the simulated runner (engine/loop/sim_runner.py) can stand in for its runner:
+        plain mask canvases (LLaDA, Dream), no block cache or revising canvases."""
+        return self.kind == FULL
+
+    def kv_cache(self, configured: str) -> str:
+        """What a request decodes over when it asks for nothing: the engine's configured
+        approximate cache for a full canvas, the exact cache of block and revising families."""
+        return configured if self.kind == FULL else "exact"
 
     def base_params(self) -> SamplingParams:
         """Defaults before a checkpoint's own: a block family decodes in its trained block size,

@@ -98,7 +98,7 @@ def ordinary_tokens(tokenizer, text: str = "the quick brown fox jumps over the l
 def simulate(llm, step_s: float) -> SimulatedRunner:
     """Swap `llm`'s runner for a SimulatedRunner of the same slots (before a Scheduler is built
     on `llm.loop`). The model stays loaded: the tokenizer and request validation are real."""
-    if llm.family.block:
+    if not llm.family.simulable:
         raise ValueError("the simulated runner serves full-canvas models only")
     runner = SimulatedRunner(llm.config.max_batch, step_s, ordinary_tokens(llm.tokenizer))
     llm.runner = runner

@@ -34,6 +34,8 @@ class Knob:
     cli: Optional[str] = None  # `celeris run` / `celeris generate` flag
     proto: Optional[str] = None  # GenerateRequest field
     per_request: bool = False  # never a model default
+    only: Optional[str] = None  # the one decoder that reads it (MASK or REVISE); None: every one
+    config: Optional[str] = None  # its key in generation_config.json ("a.b": b of object a); None: never read
 
     @property
     def python_type(self) -> type:
@@ -51,7 +53,8 @@ def _knob(f) -> Knob:
 
     return Knob(f.name, kind, f.default, m["help"], optional, CHOICES.get(f.name, ()),
                 http=surface("http", f.name), cli=surface("cli", "--" + f.name.replace("_", "-")),
-                proto=surface("proto", f.name), per_request=m["per_request"])
+                proto=surface("proto", f.name), per_request=m["per_request"], only=m["only"],
+                config=None if m["per_request"] else m["config"] or f.name)
 
 
 KNOBS: tuple[Knob, ...] = tuple(_knob(f) for f in fields(SamplingParams))
@@ -61,6 +64,35 @@ BY_NAME = {k.name: k for k in KNOBS}
 def on(surface: str, *kinds: str) -> tuple[Knob, ...]:
     """The knobs a surface ("http", "cli", "proto") carries, optionally of the given kinds."""
     return tuple(k for k in KNOBS if getattr(k, surface) is not None and (not kinds or k.kind in kinds))
+
+
+def read_by(decoder: str) -> tuple[Knob, ...]:
+    """The knobs a decoder (MASK or REVISE) reads: its own and those every decoder reads."""
+    return tuple(k for k in KNOBS if k.only in (None, decoder))
+
+
+def only(decoder: str) -> tuple[str, ...]:
+    """The names of the knobs only this decoder reads (the other refuses them set)."""
+    return tuple(k.name for k in KNOBS if k.only == decoder)
+
+
+def configured(raw: dict[str, Any], knobs: tuple[Knob, ...]) -> dict[str, Any]:
+    """What a checkpoint's generation_config.json (`raw`) sets of `knobs`, by field name: a key
+    that is absent, or null for a knob that cannot be unset, leaves the knob alone; an integer
+    given for a float knob is read as that float."""
+    out: dict[str, Any] = {}
+    for k in knobs:
+        if k.config is None:
+            continue
+        *outer, key = k.config.split(".")
+        where: Any = raw
+        for name in outer:
+            where = where.get(name) if isinstance(where, dict) else None
+        if not isinstance(where, dict) or key not in where or (where[key] is None and not k.optional):
+            continue
+        value = where[key]
+        out[k.name] = float(value) if k.kind == FLOAT and type(value) is int else value
+    return out
 
 
 def markdown() -> str:

@@ -38,13 +38,21 @@ MAX_POST_STEPS = 256
 MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty / presence_penalty: [-2, 2]
 
 
+MASK, REVISE = "mask", "revise"
+"""The two decoders a knob may belong to alone: a mask model's (LLaDA, Dream and the block families
+fill masks) and a revising model's (DiffusionGemma re-samples whole canvases). A family refuses the
+other decoder's knobs set away from their defaults (engine/families/family.py)."""
+
+
 def knob(default: Any, help: str, *, http: Optional[str] = "", cli: Optional[str] = "", proto: Optional[str] = "",
-         per_request: bool = False) -> Any:
+         per_request: bool = False, only: Optional[str] = None, config: str = "") -> Any:
     """A `SamplingParams` field with its entry in the knob table (engine/sampling/knobs.py): its help, and
     its name on each surface ("" = the field's own name, None = not on that surface). A
-    per-request knob is never a model default (generation_config.json)."""
+    per-request knob is never a model default (generation_config.json); `config` is its key
+    there when that is not the field's name ("a.b": key b of object a). `only`: the one decoder
+    (MASK or REVISE) that reads it; None: every decoder."""
     return field(default=default, metadata={"help": help, "http": http, "cli": cli, "proto": proto,
-                                            "per_request": per_request})
+                                            "per_request": per_request, "only": only, "config": config})
 
 
 @dataclass(frozen=True)
@@ -55,25 +63,28 @@ class SamplingParams:
     gen_length: int = knob(64, "tokens to generate (the canvas)", http="max_tokens")
     steps: int = knob(64, "denoising steps over the whole canvas, split evenly over blocks")
     block_length: int = knob(32, "semi-autoregressive block length; must divide gen_length")
-    temperature: float = knob(0.0, "0 = greedy")
-    remasking: str = knob("low_confidence", "how a position's confidence is measured")
-    threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]")
-    factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)")
+    temperature: float = knob(0.0, "0 = greedy", only=MASK)
+    remasking: str = knob("low_confidence", "how a position's confidence is measured", only=MASK)
+    threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]", only=MASK)
+    factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)", only=MASK)
     editing_threshold: Optional[float] = knob(
         None, "token editing (LLaDA2.1 only): a written token of the current block is replaced when the model's "
-              "pick there differs and its probability is > this, in [0, 1]; 1: off (default: LLaDA2.1's 0.9)")
+              "pick there differs and its probability is > this, in [0, 1]; 1: off (default: LLaDA2.1's 0.9)",
+        only=MASK)
     max_post_steps: int = knob(16, "token editing: at most this many extra steps per block after its last mask is "
-                                   "filled, while edits go on")
-    factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula")
+                                   "filled, while edits go on", only=MASK)
+    factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula",
+                            only=MASK)
     schedule: str = knob("llada", "tokens per step of the fixed schedule: llada (even split per block) or dream "
-                                  "(Dream's timesteps linspace(1, eps, steps + 1))")
-    eps: float = knob(1e-3, "Dream schedule's final timestep, in (0, 1)")
+                                  "(Dream's timesteps linspace(1, eps, steps + 1))", only=MASK)
+    eps: float = knob(1e-3, "Dream schedule's final timestep, in (0, 1)", only=MASK)
     kv_cache: Optional[str] = knob(None, "Fast-dLLM approximate cache of full-canvas models (unset: the server's "
                                          "default)", cli=None)
-    top_k: int = knob(0, "draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all")
-    top_p: float = knob(1.0, "nucleus: draw among the most likely tokens up to this mass, in (0, 1]")
+    top_k: int = knob(0, "draw only among the k most likely tokens (ties at the k-th kept, as Dream); 0: all",
+                      only=MASK)
+    top_p: float = knob(1.0, "nucleus: draw among the most likely tokens up to this mass, in (0, 1]", only=MASK)
     min_p: float = knob(0.0, "vLLM's: draw only among tokens at least this fraction as likely as the most likely "
-                             "one (at the temperature), in [0, 1]; 0: all")
+                             "one (at the temperature), in [0, 1]; 0: all", only=MASK)
     stop: tuple[str, ...] = knob((), "strings that end the output: its text is cut where the first begins")
     stop_token_ids: tuple[int, ...] = knob((), "extra token ids that end the output like EOS")
     ignore_eos: bool = knob(False, "EOS and end-of-turn do not stop (stop_token_ids still do)")
@@ -82,25 +93,27 @@ class SamplingParams:
     # response tokens, never the prompt or the stop tokens (the EOS padding a diffusion canvas ends
     # with). See `sampler.penalize`.
     frequency_penalty: float = knob(0.0, "OpenAI's: lower a token's logit by this per use in the response so far, "
-                                         "in [-2, 2]")
+                                         "in [-2, 2]", only=MASK)
     presence_penalty: float = knob(0.0, "OpenAI's: lower a token's logit by this once it is in the response, "
-                                        "in [-2, 2]")
+                                        "in [-2, 2]", only=MASK)
     logprobs: Optional[int] = knob(None, "report each committed token's log-probability and this many "
                                          "alternatives", http=None)
     provisional: bool = knob(False, "delta streams: each step, the sampler's pick at each position of the current "
                                     "block it left masked", cli=None, proto=None, per_request=True)
-    cfg_scale: float = knob(0.0, "classifier-free guidance scale (0: off)")
+    cfg_scale: float = knob(0.0, "classifier-free guidance scale (0: off)", only=MASK)
     # Revising models (DiffusionGemma) only: its generation_config.json's names and transformers'
-    # defaults; mask models refuse them set away from these (engine/families/family.py).
-    max_denoising_steps: int = knob(48, "revising models: most denoising steps per canvas")
+    # defaults, the one table of them (families/revise/sampler.py's ReviseParams is derived from
+    # these fields); mask models refuse them set away from these (engine/families/family.py).
+    max_denoising_steps: int = knob(48, "revising models: most denoising steps per canvas", only=REVISE)
     entropy_bound: float = knob(0.1, "revising models: accept the lowest-entropy positions while their entropies, "
-                                     "less the largest, sum to at most this")
+                                     "less the largest, sum to at most this", only=REVISE,
+                              config="sampler_config.entropy_bound")
     t_min: float = knob(0.4, "revising models: a canvas's temperature falls from t_max towards this; "
-                             "its last step runs above it (>= 0)")
-    t_max: float = knob(0.8, "revising models: temperature at a canvas's first step (> 0, >= t_min)")
+                             "its last step runs above it (>= 0)", only=REVISE)
+    t_max: float = knob(0.8, "revising models: temperature at a canvas's first step (> 0, >= t_min)", only=REVISE)
     stability_threshold: int = knob(1, "revising models: a canvas stops once its argmax held this many steps "
-                                       "(and is confident)")
-    confidence_threshold: float = knob(0.005, "revising models: ...and its mean entropy is below this")
+                                       "(and is confident)", only=REVISE)
+    confidence_threshold: float = knob(0.005, "revising models: ...and its mean entropy is below this", only=REVISE)
     seed: Optional[int] = knob(None, "random seed (unset: the engine picks one and reports it)", per_request=True)
     stop_at_eos: bool = knob(True, "finish once a finished block holds a stop token", http=None, cli=None, proto=None)
 

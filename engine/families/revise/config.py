@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.families.revise.sampler import ReviseParams
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -151,21 +150,6 @@ def _layer(text: dict[str, Any], i: int) -> LayerShape:
                       n_kv_heads=int(over.get("num_key_value_heads", text["num_key_value_heads"])),
                       rope_theta=float(rope.get("rope_theta", 10000.0)),
                       rotary_fraction=float(rope.get("partial_rotary_factor", 1.0)))
-
-
-def revise_defaults(folder: Path) -> ReviseParams:
-    """The folder's generation_config.json over transformers' defaults for this family."""
-    path = Path(folder) / "generation_config.json"
-    raw = json.loads(path.read_text()) if path.is_file() else {}
-    sampler = raw.get("sampler_config") or {}
-    base = ReviseParams()
-    pick = lambda key, default: default if raw.get(key) is None else raw[key]  # noqa: E731
-    return ReviseParams(
-        max_denoising_steps=int(pick("max_denoising_steps", base.max_denoising_steps)),
-        entropy_bound=float(sampler.get("entropy_bound", base.entropy_bound)),
-        t_min=float(pick("t_min", base.t_min)), t_max=float(pick("t_max", base.t_max)),
-        stability_threshold=int(pick("stability_threshold", base.stability_threshold)),
-        confidence_threshold=float(pick("confidence_threshold", base.confidence_threshold)))
 
 
 def generation_eos(folder: Path) -> tuple[int, ...]:

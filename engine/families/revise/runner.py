@@ -33,9 +33,7 @@ DENOISE = "denoise"
 
 def revise_params(p: SamplingParams) -> ReviseParams:
     """A request's diffusion settings, from its sampling parameters."""
-    return ReviseParams(max_denoising_steps=p.max_denoising_steps, entropy_bound=p.entropy_bound, t_min=p.t_min,
-                        t_max=p.t_max, stability_threshold=p.stability_threshold,
-                        confidence_threshold=p.confidence_threshold)
+    return ReviseParams.of(p)
 
 
 class ReviseRunner:

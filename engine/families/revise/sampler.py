@@ -20,22 +20,27 @@ order, so a seed decodes the same text here as in the reference run alone, whate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import Optional
 
 import torch
 
+from celeris.engine.sampling.knobs import KNOBS
+from celeris.engine.sampling.params import REVISE, SamplingParams
 
-@dataclass(frozen=True)
-class ReviseParams:
-    """A DiffusionGemma request's diffusion settings (its generation_config.json's names)."""
 
-    max_denoising_steps: int = 48
-    entropy_bound: float = 0.1
-    t_min: float = 0.4
-    t_max: float = 0.8
-    stability_threshold: int = 1
-    confidence_threshold: float = 0.005
+def _of(cls, p: SamplingParams):
+    """The revising knobs of a request's parameters."""
+    return cls(**{f: getattr(p, f) for f in cls.__dataclass_fields__})
+
+
+# A DiffusionGemma request's diffusion settings: the knobs SamplingParams tags `only=REVISE`
+# (max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold, confidence_threshold),
+# with their names, types and defaults, so the knob table is the one place they are written.
+ReviseParams = make_dataclass(
+    "ReviseParams", [(k.name, k.python_type, field(default=k.default)) for k in KNOBS if k.only == REVISE],
+    frozen=True, namespace={"of": classmethod(_of), "__module__": __name__,
+                            "__doc__": "A DiffusionGemma request's diffusion settings (the knob table's REVISE knobs)."})
 
 
 class RowNoise:
