@@ -1,0 +1,206 @@
+"""Tools and tool choice as a door hands them over (OpenAI's shapes), checked once, by field.
+
+`parse_tools` reads `[{"type": "function", "function": {"name", "description", "parameters",
+"strict"}}]` and `parse_tool_choice` reads "none" | "auto" | "required" | {"type": "function",
+"function": {"name": ...}}; both raise InvalidRequest naming the exact field (e.g.
+`tools[2].function.parameters.properties.a.uniqueItems`). Limits come before any work that grows
+with the input: the list's length, each schema's size and nesting, then the compile. A tool's
+parameters are compiled the way enforcement compiles them (llguidance's JSON-schema compiler with
+the structured-outputs overrides, engine/structured/document.py), so a tool that is accepted here
+can be enforced later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass, field as dc_field
+from typing import Optional
+
+import llguidance
+
+from celeris.engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.engine.structured.constraint import LIMITS, Compiler, StructureError
+from celeris.engine.structured.document import OPTIONS, locate
+
+MAX_TOOLS = 128
+MAX_TOOLS_CHARS = 262_144  # all tools' JSON text together (each schema is also held to MAX_SCHEMA_CHARS)
+MAX_DESCRIPTION_CHARS = 8_192
+NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's function-name rule
+CHOICE_MODES = ("none", "auto", "required", "function")
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict = dc_field(default_factory=lambda: {"type": "object"})  # a JSON schema
+    strict: bool = False
+
+    def openai(self) -> dict:
+        """The OpenAI-shaped dict a chat template's `tools` argument gets (as transformers passes it)."""
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # "none" | "auto" | "required" | "function"
+    name: Optional[str] = None  # the function's name when mode == "function"
+
+
+def new_call_id() -> str:
+    """A tool call id as OpenAI writes them: "call_" and 24 random letters and digits."""
+    return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
+
+
+def _bad(field: str, reason: str) -> InvalidRequest:
+    return InvalidRequest([FieldViolation(field, reason)])
+
+
+def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
+    """The tools of a request (None or [] -> ()), every limit checked before any schema compiles."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _bad(field, f"must be a list of tools, got {clip(value)}")
+    if len(value) > MAX_TOOLS:
+        raise _bad(field, f"{len(value)} tools; the limit is {MAX_TOOLS}")
+    v: list[FieldViolation] = []
+    shapes: list[tuple[str, str, object, object, bool]] = []
+    seen: dict[str, int] = {}
+    for i, t in enumerate(value):
+        f = f"{field}[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            v.append(FieldViolation(f"{f}.type", "each tool must be {\"type\": \"function\", \"function\": {...}}"))
+            continue
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            v.append(FieldViolation(f"{f}.function", "must be an object with a name"))
+            continue
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            v.append(FieldViolation(f"{f}.function.name", f"must match ^[a-zA-Z0-9_-]{{1,64}}$, got {clip(name)}"))
+            continue
+        if name in seen:
+            v.append(FieldViolation(f"{f}.function.name", f"duplicates tools[{seen[name]}]'s name {name!r}"))
+            continue
+        seen[name] = i
+        desc = fn.get("description", "")
+        if desc is None:
+            desc = ""
+        if not isinstance(desc, str) or len(desc) > MAX_DESCRIPTION_CHARS:
+            v.append(FieldViolation(f"{f}.function.description", f"a string of at most {MAX_DESCRIPTION_CHARS} characters"))
+        strict = fn.get("strict", False)
+        if strict is not None and not isinstance(strict, bool):
+            v.append(FieldViolation(f"{f}.function.strict", "must be a boolean"))
+        shapes.append((f, name, desc, fn.get("parameters"), bool(strict)))
+    if v:
+        raise InvalidRequest(v)
+    try:
+        total = len(json.dumps(list(value)))
+    except (TypeError, ValueError):
+        total = None
+    if total is None or total > MAX_TOOLS_CHARS:
+        raise _bad(field, f"at most {MAX_TOOLS_CHARS} characters of JSON in all" if total else "must be JSON values")
+    tools = []
+    for f, name, desc, params, strict in shapes:
+        try:
+            schema = check_parameters(params, f"{f}.function.parameters")
+        except InvalidRequest as e:
+            v += e.violations
+            continue
+        tools.append(Tool(name, desc if isinstance(desc, str) else "", schema, strict))
+    if v:
+        raise InvalidRequest(v)
+    return tuple(tools)
+
+
+def check_parameters(params: object, field: str) -> dict:
+    """A function's parameters schema, as enforcement will compile it: missing -> {"type":
+    "object"}; size and nesting first, then llguidance's JSON-schema compile with the fixed
+    options; refused by the schema path its error names."""
+    if params is None:
+        return {"type": "object"}
+    if not isinstance(params, dict):
+        raise _bad(field, f"must be a JSON schema object, got {clip(params)}")
+    if "type" in params and params["type"] != "object":
+        raise _bad(f"{field}.type", "a function's parameters must be an object schema (\"type\": \"object\")")
+    try:
+        schema = Compiler._schema(params, field)
+    except StructureError as e:
+        raise _bad(e.path, e.reason) from None
+    problem = schema_problem(json.dumps(schema, separators=(",", ":")))
+    if problem:
+        raise _bad(locate(schema, problem, field) or field, problem)
+    return schema
+
+
+def args_schema(schema: dict) -> dict:
+    """The schema as enforcement compiles it: the client's own x-guidance (if any) overridden by
+    the structured-outputs options, so nothing a client sends relaxes what is served."""
+    own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+    return {**schema, "x-guidance": {**own, **OPTIONS}}
+
+
+_problems: dict[str, str] = {}
+
+
+def schema_problem(text: str) -> str:
+    """Why llguidance will not compile this schema text (as an arguments document), or ""; a
+    bounded cache, as the compiler keeps its own verdicts."""
+    hit = _problems.get(text)
+    if hit is not None:
+        return hit
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark("start: %json " + json.dumps(args_schema(json.loads(text))))
+        msg = llguidance.LLMatcher.validate_grammar(grammar, None, limits=LIMITS)
+    except ValueError as e:  # pragma: no cover - the library's own refusal of the text
+        msg = str(e)
+    msg = msg.strip().split("\n")[0]  # its first line; the rest echoes the grammar text
+    problem = f"the constraint library refuses it: {msg[:200]}" if msg else ""
+    if len(_problems) >= 256:
+        _problems.clear()
+    _problems[text] = problem
+    return problem
+
+
+def parse_tool_choice(value: object, tools: tuple[Tool, ...], field: str = "tool_choice") -> ToolChoice:
+    """The request's tool choice; None -> "auto" with tools, "none" without."""
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise _bad(field, f"must be \"none\", \"auto\", \"required\" or a named function, got {clip(value)}")
+        if value == "required" and not tools:
+            raise _bad(field, "\"required\" needs at least one tool in tools")
+        return ToolChoice(value)
+    if isinstance(value, dict) and value.get("type") == "function":
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise _bad(f"{field}.function.name", "must name a function")
+        if not tools:
+            raise _bad(field, "names a function but tools is empty")
+        if name not in {t.name for t in tools}:
+            raise _bad(f"{field}.function.name", f"names no tool in tools: {clip(name)}")
+        return ToolChoice("function", name)
+    raise _bad(field, f"must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": "
+                      f"{{\"name\": ...}}}}, got {clip(value)}")
+
+
+__all__ = ["Tool", "ToolCall", "ToolChoice", "parse_tools", "parse_tool_choice", "new_call_id", "MAX_TOOLS",
+           "check_parameters", "args_schema", "CHOICE_MODES"]
