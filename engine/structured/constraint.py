@@ -41,6 +41,10 @@ MAX_SCHEMA_NESTING = 32  # arrays/objects nested in a schema's JSON, checked bef
 GRAMMAR_CACHE = 256  # slot grammars remembered with their verdicts, per tokenizer
 MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256
 KINDS = ("json_schema", "json_object", "regex", "choice")
+# The engine's own kind, never a door's: an llguidance lark grammar the engine wrote (engine/agents
+# writes a tool call's syntax around `%json {schema}` arguments), served on the whole-document path.
+GRAMMAR = "grammar"
+MAX_GRAMMAR_CHARS = 524_288
 # llguidance's own work bounds (lexer states, parser items, mask-computation fuel), checked as it
 # compiles a grammar and per token: a hostile regex fails instead of stalling a thread.
 LIMITS = llguidance.LLParserLimits(max_lexer_states=50_000, step_lexer_fuel=2_000_000)
@@ -97,6 +101,7 @@ class Compiler:
         self.json_filler = self.pad if self.pad is not None else (space[0] if len(space) == 1 else None)
         self._checked = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._check)
         self._documents = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._document_check)
+        self._larks = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._lark_check)
 
     def _encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text)
@@ -121,6 +126,8 @@ class Compiler:
                 return self._whole(self._regex(spec.value, f), gen_length, f)
             elif spec.kind == "choice":
                 return self._whole(self._choice(spec.value, f), gen_length, f)
+            elif spec.kind == GRAMMAR:
+                return self._lark(spec.value, gen_length, f)
             else:
                 raise StructureError(f, f"unknown kind {spec.kind!r}; one of {', '.join(KINDS)}")
         except (SchemaError, RegexError) as e:
@@ -183,6 +190,23 @@ class Compiler:
             raise StructureError(locate(schema, problem, f) or getattr(why, "path", f), problem)
         return Layout((self.tok.mask_id,) * gen_length,
                       (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f, forced=True),), self.tok.eos_id, "document")
+
+    def _lark(self, text: object, gen_length: int, f: str) -> Layout:
+        """An engine-written lark grammar (GRAMMAR) on the whole-document path: one forced slot over
+        the canvas, ended by the stop id, refused (by `f`) where llguidance refuses it."""
+        if not isinstance(text, str) or not text or len(text) > MAX_GRAMMAR_CHARS:
+            raise StructureError(f, f"a grammar of 1 to {MAX_GRAMMAR_CHARS} characters")
+        grammar, problem = self._larks(text)
+        if problem:
+            raise StructureError(f, problem)
+        return Layout((self.tok.mask_id,) * gen_length,
+                      (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f, forced=True),), self.tok.eos_id, "document")
+
+    def _lark_check(self, text: str) -> tuple[str, str]:
+        """(grammar, why it cannot be served or "") of a lark grammar's text (remembered)."""
+        grammar = llguidance.LLMatcher.grammar_from_lark(text)
+        problem = self._verdict(grammar, "")
+        return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
 
     def _document_check(self, text: str) -> tuple[str, str]:
         """(grammar, why it cannot be served or "") of a schema's JSON text (remembered)."""

@@ -1,0 +1,192 @@
+"""Tool-call parsers, one per chat format (vLLM's `--tool-call-parser`): a table by name.
+
+A parser reads a finished generation's text (`extract`: the content left over and the calls; a
+call that does not parse stays in the content as text, nothing raises) and writes the structure
+that enforces a call (`enforced`: the family's call syntax around arguments valid under the
+function's parameters schema, as an llguidance lark grammar with `%json {schema}` arguments, served
+on the structured-outputs whole-document path).
+
+- "hermes": Qwen2.5/Qwen3 templates (SDAR and Dream ship them) and celeris-tiny's own template:
+  `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, several separated by "\\n".
+- "llada2": LLaDA2.x inherits Ling-2.0's (BailingMoeV2) template: turns `<role>HUMAN</role>...
+  <|role_end|>`, calls in the same `<tool_call>` JSON form, results as `<role>OBSERVATION</role>`
+  `<tool_response>` blocks. Ling-3's `<tool_call>NAME\\n<arg_key>k</arg_key>\\n<arg_value>v
+  </arg_value>\\n</tool_call>` form is read too; enforcement writes the JSON form.
+- "gemma": DiffusionGemma (Gemma 4): `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`
+  (gemma_format.py); arguments are converted to JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Callable, Optional, Sequence
+
+from celeris.engine.agents import gemma_format
+from celeris.engine.agents.tools import Tool, ToolCall, ToolChoice, args_schema, new_call_id
+from celeris.engine.structured.constraint import GRAMMAR, Structured
+
+MAX_CALLS = 64  # calls read from one generation; the rest stay in the content
+
+
+def _lit(text: str) -> str:
+    """A lark string literal of `text` (JSON escapes, which llguidance's lark reads)."""
+    return json.dumps(text)
+
+
+class ToolParser:
+    """One chat format's tool calls. Subclasses set `name`, `_call` (a regex whose match is one
+    call, groups read by `_read`) and `_syntax` (the lark body of one call of a tool)."""
+
+    name = ""
+    separator = "\n"  # between parallel calls
+    _call: re.Pattern
+
+    def extract(self, text: str, names: Optional[set] = None) -> tuple[str, list[ToolCall]]:
+        """(content, calls): every well-formed call (naming a tool in `names` when given) taken out
+        of the text; anything else, malformed calls included, stays in the content."""
+        calls: list[ToolCall] = []
+        kept, last = [], 0
+        for m in self._call.finditer(text):
+            if len(calls) >= MAX_CALLS:
+                break
+            read = self._read(m)
+            if read is None or (names is not None and read[0] not in names):
+                continue
+            calls.append(ToolCall(new_call_id(), read[0], json.dumps(read[1], ensure_ascii=False)))
+            kept.append(text[last:m.start()])
+            last = m.end()
+        kept.append(text[last:])
+        return "".join(kept).strip() if calls else text, calls
+
+    def _read(self, m: re.Match) -> Optional[tuple[str, dict]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def render(self, name: str, arguments: dict) -> str:  # pragma: no cover - abstract
+        """One call as the family's template writes it (tests, docs)."""
+        raise NotImplementedError
+
+    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:  # pragma: no cover - abstract
+        """(the lark expression of one call of `tool`, the extra rules it needs), rules named from `rule`."""
+        raise NotImplementedError
+
+    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
+        """The lark grammar of what `choice` allows: a call of the named tool, or (required) of
+        any one of them; with `parallel` under required, one or more calls."""
+        if choice.mode == "function":
+            pick = [t for t in tools if t.name == choice.name]
+        elif choice.mode == "required":
+            pick = list(tools)
+        else:
+            raise ValueError(f"tool_choice {choice.mode!r} is not enforced")
+        if not pick:
+            raise ValueError("no tool to enforce")
+        lines, alts = [], []
+        for i, tool in enumerate(pick):
+            body, extra = self._syntax(tool, f"t{i}")
+            lines.append(f"call_t{i}: {body}")
+            lines += extra
+            alts.append(f"call_t{i}")
+        many = parallel and choice.mode == "required"
+        start = f"call ({_lit(self.separator)} call)*" if many else "call"
+        return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *lines])
+
+    def enforced(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
+                 field: str = "tools") -> Structured:
+        """The structured output that makes the generation exactly a call (or calls) per `choice`."""
+        where = field
+        if choice.mode == "function":
+            where = f"{field}[{[t.name for t in tools].index(choice.name)}].function.parameters"
+        return Structured(GRAMMAR, self.grammar(tools, choice, parallel), where)
+
+
+class HermesParser(ToolParser):
+    name = "hermes"
+    _call = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+    def _read(self, m: re.Match) -> Optional[tuple[str, dict]]:
+        return _json_call(m.group(1))
+
+    def render(self, name: str, arguments: dict) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+
+    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:
+        head = _lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')
+        return f"{head} args_{rule} {_lit(chr(125) + chr(10) + '</tool_call>')}", \
+            [f"args_{rule}: %json {json.dumps(args_schema(tool.parameters))}"]
+
+
+def _json_call(body: str) -> Optional[tuple[str, dict]]:
+    """(name, arguments) of a `{"name": ..., "arguments": {...}}` body, or None."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as JSON text
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+class LLaDA2Parser(HermesParser):
+    name = "llada2"
+    _pair = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+    _fname = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+    def _read(self, m: re.Match) -> Optional[tuple[str, dict]]:
+        body = m.group(1)
+        if body.startswith("{"):
+            return _json_call(body)
+        name, _, rest = body.partition("\n")  # Ling-3: NAME then <arg_key>/<arg_value> pairs
+        if not self._fname.fullmatch(name.strip()) or self._pair.sub("", rest).strip():
+            return None
+        args = {}
+        for k, v in self._pair.findall(rest):
+            try:
+                args[k.strip()] = json.loads(v)
+            except ValueError:
+                args[k.strip()] = v
+        return name.strip(), args
+
+
+class GemmaParser(ToolParser):
+    name = "gemma"
+    separator = ""  # Gemma 4 writes calls back to back
+    _call = re.compile(r"<\|tool_call>call:([a-zA-Z0-9_-]{1,64})(.*?)<tool_call\|>", re.DOTALL)
+
+    def _read(self, m: re.Match) -> Optional[tuple[str, dict]]:
+        args = gemma_format.parse(m.group(2))
+        return (m.group(1), args) if isinstance(args, dict) else None
+
+    def render(self, name: str, arguments: dict) -> str:
+        return f"<|tool_call>call:{name}{gemma_format.dump(arguments)}<tool_call|>"
+
+    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:
+        rules = gemma_format.Rules(tool.parameters, rule)
+        top = rules.value(tool.parameters)
+        return f"{_lit('<|tool_call>call:' + tool.name)} {top} {_lit('<tool_call|>')}", rules.lines
+
+
+TOOL_PARSERS: dict[str, ToolParser] = {p.name: p for p in (HermesParser(), LLaDA2Parser(), GemmaParser())}
+
+# Markers a chat template's text holds, most specific first: (marker test, parser name).
+_DETECT: list[tuple[Callable[[str], bool], str]] = [
+    (lambda t: "<|tool_call>" in t or "<|turn>" in t, "gemma"),
+    (lambda t: "<role>ASSISTANT</role>" in t or "<|role_end|>" in t, "llada2"),
+    (lambda t: "<tool_call>" in t, "hermes"),
+]
+
+
+def detect_tool_parser(chat_template: str) -> Optional[str]:
+    """The parser a chat template's own markup implies, or None (no tool-call format found)."""
+    if not isinstance(chat_template, str):
+        return None
+    return next((name for test, name in _DETECT if test(chat_template)), None)
+
+
+__all__ = ["ToolParser", "TOOL_PARSERS", "detect_tool_parser", "HermesParser", "LLaDA2Parser", "GemmaParser"]
