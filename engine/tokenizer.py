@@ -10,6 +10,8 @@ turns. Only the chat template's own markup (`encode_chat`) is read with special 
 
 from __future__ import annotations
 
+import functools
+import json
 import secrets
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -23,9 +25,21 @@ MASK_MARKER = "\u2592"  # how a still-masked position renders in snapshot text
 # End-of-turn tokens of the families we serve: generation stops at them like at EOS.
 _END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<eos>")
 
-# Used when a checkpoint ships no template (celeris-tiny's own format).
+# Used when a checkpoint ships no template (celeris-tiny's own format). Plain chats render as
+# "<|role|>\ncontent\n" per message; with `tools` it lists them and asks for hermes-style calls
+# (engine/agents/parsers.py "hermes"), an assistant's `tool_calls` render as <tool_call> blocks and a
+# tool result as a <tool_response> block in a user turn (as Qwen's templates do).
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<|system|>\n# Tools\nYou may call one or more functions. Their signatures, within "
+    "<tools></tools>:\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\nFor each call, "
+    "write a JSON object with the function's name and arguments within <tool_call></tool_call>:\n<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>\n{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'tool' %}<|user|>\n<tool_response>\n{{ m['content'] }}\n"
+    "</tool_response>\n{% elif m['role'] == 'assistant' and m['tool_calls'] %}<|assistant|>\n"
+    "{% if m['content'] %}{{ m['content'] }}\n{% endif %}{% for c in m['tool_calls'] %}"
+    "{% set f = c['function'] if c['function'] is defined else c %}<tool_call>\n{\"name\": \"{{ f['name'] }}\", "
+    "\"arguments\": {{ f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}}\n</tool_call>\n"
+    "{% endfor %}{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
@@ -106,14 +120,21 @@ class Tokenizer:
         # the event loop keeps serving.
         return tok.encode_batch([text], add_special_tokens=False)[0].ids if text else []
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Ids of the chat template applied to `messages`: the template's markup is read with its
-        special tokens, each message's content as plain text (placed through placeholders)."""
-        marks = [f"\ue000{secrets.token_hex(8)}:{i}\ue001" for i in range(len(messages))]
-        text = self.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                                        add_generation_prompt, contents=[m.get("content") for m in messages])
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: Optional[Sequence[dict]] = None) -> list[int]:
+        """Ids of the chat template applied to `messages` (and `tools`, OpenAI-shaped dicts): the
+        template's markup is read with its special tokens, each message's content as plain text
+        (placed through placeholders). Tool names, arguments and schemas the template writes as
+        markup may not hold a special token's text (checked in `apply_chat_template`)."""
+        marks = [f"\ue000{secrets.token_hex(8)}:{i}\ue001" if isinstance(m.get("content"), str) else None
+                 for i, m in enumerate(messages)]
+        text = self.apply_chat_template([{**m, "content": mark} if mark else m for m, mark in zip(messages, marks)],
+                                        add_generation_prompt, contents=[m.get("content") for m in messages],
+                                        tools=tools)
         ids: list[int] = [self.bos_id] if self.add_bos else []
         for i, mark in enumerate(marks):
+            if mark is None:
+                continue
             head, found, text = text.partition(mark)
             if not found:  # the template dropped or rewrote a content: nothing user-written is lost
                 raise InvalidRequest([FieldViolation(f"messages[{i}]", "the chat template does not place this message")])
@@ -174,22 +195,86 @@ class Tokenizer:
         return "".join(out)
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            contents: Sequence[object] | None = None) -> str:
-        """The template rendered as text (for display; `encode_chat` is what generation uses)."""
+                            contents: Sequence[object] | None = None, tools: Optional[Sequence[dict]] = None,
+                            **extra) -> str:
+        """The template rendered as text (for display; `encode_chat` is what generation uses), as
+        transformers renders it: `tools` (OpenAI-shaped dicts) and any `extra` variables (e.g.
+        enable_thinking) passed in, a message's `tool_calls` (their arguments as objects where the
+        client sent JSON text) and `tool` messages (`tool_call_id`, `name`) given to the template."""
         import jinja2  # only chat requests pay for it
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        for i, m in enumerate(messages):
-            content = m.get("content") if contents is None else contents[i]
-            if not isinstance(m.get("role"), str) or not isinstance(content, str) or not m["role"]:
-                raise InvalidRequest([FieldViolation(f"messages[{i}]", "needs a non-empty role and a content string")])
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        messages = [self._chat_message(m, i, None if contents is None else contents[i]) for i, m in enumerate(messages)]
+        self._no_markup(tools, "tools")
+        env = ImmutableSandboxedEnvironment(keep_trailing_newline=True, undefined=jinja2.Undefined)
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
         specials = {"bos_token": self._tok.id_to_token(self.bos_id) if self.bos_id is not None else "",
                     "eos_token": self._tok.id_to_token(self.eos_id) or ""}
         return env.from_string(self.chat_template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **specials)
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=list(tools) if tools else None,
+            **specials, **extra)
+
+    def _chat_message(self, m: object, i: int, content: object) -> dict:
+        """One message as the template gets it; InvalidRequest naming it when it cannot be one."""
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise InvalidRequest([FieldViolation(f"messages[{i}]", "needs a non-empty role and a content string")])
+        content = m.get("content") if content is None and "content" in m else content
+        calls = m.get("tool_calls")
+        if not isinstance(content, str) and not (calls and content is None):
+            raise InvalidRequest([FieldViolation(f"messages[{i}]", "needs a non-empty role and a content string")])
+        if not calls:
+            self._no_markup([m.get("name"), m.get("tool_call_id")], f"messages[{i}]")
+            return m
+        if not isinstance(calls, (list, tuple)) or not all(isinstance(c, dict) for c in calls):
+            raise InvalidRequest([FieldViolation(f"messages[{i}].tool_calls", "must be a list of tool calls")])
+        out = []
+        for c in calls:  # OpenAI sends arguments as JSON text; templates (and transformers) expect objects
+            fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except ValueError:
+                    pass
+            out.append({**c, "function": {**fn, "arguments": args}})
+        self._no_markup(out, f"messages[{i}].tool_calls")
+        return {**m, "content": content, "tool_calls": out}
+
+    def _no_markup(self, value: object, field: str) -> None:
+        """Text the template writes as markup (tool schemas, call names and arguments) must not
+        hold a special token's text: it would be read as that token (a forged turn)."""
+        if value is None:
+            return
+        text = json.dumps(value, ensure_ascii=False)
+        hit = next((t for t in self._markers if t in text), None)
+        if hit is not None:
+            raise InvalidRequest([FieldViolation(field, f"holds the special token {hit!r}, which only the chat "
+                                                        "template may write")])
+
+    @functools.cached_property
+    def _markers(self) -> tuple[str, ...]:
+        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+
+    def decode_markup(self, ids: Iterable[int]) -> str:
+        """Text of generated ids keeping the special tokens a chat format writes (tool-call and
+        channel markers such as Gemma 4's `<|tool_call>`), dropping only mask, EOS, pad and BOS:
+        what the tool-call and reasoning parsers read."""
+        return self._tok.decode([i for i in ids if i not in self._special], skip_special_tokens=False)
 
     def check_ids(self, ids: Sequence[int], field: str = "token_ids") -> None:
         bad = [i for i in ids if not 0 <= i < self.vocab_size or i == self.mask_id]
         if bad:
             raise InvalidRequest([FieldViolation(
                 field, f"ids must be in [0, {self.vocab_size}) and not the mask id {self.mask_id}; bad: {bad[:5]}")])
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: Optional[int] = None, separators=None,
+            sort_keys: bool = False) -> str:
+    """transformers' `tojson` for chat templates: plain JSON, not HTML-escaped."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str):
+    """A template's `raise_exception(...)`: the request is refused, naming the messages."""
+    raise InvalidRequest([FieldViolation("messages", f"the chat template refuses them: {str(message)[:200]}")])
