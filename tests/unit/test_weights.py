@@ -8,8 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from celeris.engine.config import read_json
 from celeris.engine.errors import ModelLoadError
 from celeris.engine.models.weights import load_model, save_model
+from celeris.engine.parallel.group import Group, Plan
+from celeris.engine.parallel.shard import checkpoint_parameters, load_shard
 from tests.helpers import random_model, tiny_config
 
 
@@ -123,6 +126,47 @@ def test_unexpected_tensor_names_tensor_and_file(tmp_path):
 def test_misshaped_tensor_names_tensor_file_and_shapes(tmp_path):
     _corrupt(tmp_path, lambda s: s.update({"model.transformer.ln_f.weight": torch.ones(63)}))
     with pytest.raises(ModelLoadError, match=r"'model.transformer.ln_f.weight' in model.safetensors has shape \(63,\), expected \(64,\)"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.pop("model.transformer.blocks.1.up_proj.weight"), r"missing tensor\(s\) in .*blocks\.1\.up_proj"),
+    (lambda s: s.update({"model.transformer.blocks.9.q_proj.weight": torch.zeros(2, 2)}),
+     r"^unexpected tensor 'model.transformer.blocks.9.q_proj.weight' in model.safetensors$"),
+    (lambda s: s.update({"model.transformer.ln_f.weight": torch.ones(63)}),
+     r"^tensor 'model.transformer.ln_f.weight' in model.safetensors has shape \(63,\), expected \(64,\)$"),
+])
+def test_the_whole_and_the_sharded_loader_read_one_way(tmp_path, edit, message):
+    """load_model and a tensor-parallel rank's load_shard share the strict reader
+    (models/checkpoint.py): the same checkpoint fault is the same error."""
+    _corrupt(tmp_path, edit)
+    for load in (load_model, lambda folder: load_shard(folder, Plan(2), Group(0, 2))):
+        with pytest.raises(ModelLoadError, match=message):
+            load(tmp_path)
+
+
+def test_a_rank_loads_its_slice_and_the_headers_count_the_whole_model(tmp_path):
+    model = random_model(tiny_config(), seed=0)
+    save_model(model, tmp_path)
+    rank1 = load_shard(tmp_path, Plan(2), Group(1, 2))
+    assert torch.equal(rank1.state_dict()["transformer.blocks.0.q_proj.weight"],
+                       model.state_dict()["transformer.blocks.0.q_proj.weight"][32:])
+    assert checkpoint_parameters(tmp_path) == sum(p.numel() for p in model.parameters())
+
+
+def test_every_folder_json_is_read_one_way(tmp_path):
+    assert read_json(tmp_path, "generation_config.json") == {}  # optional files may be absent
+    with pytest.raises(ModelLoadError, match=r"^no generation_config.json in model folder "):
+        read_json(tmp_path, "generation_config.json", required=True)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"config.json: invalid JSON \("):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"config.json: expected a JSON object, got list"):
+        load_model(tmp_path)
+    save_model(random_model(tiny_config(), seed=0), tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"model.safetensors.index.json: not a safetensors index"):
         load_model(tmp_path)
 
 
