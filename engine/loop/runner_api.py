@@ -2,22 +2,25 @@
 
 A runner owns the device state of every slot (canvases, caches) and runs one batched step:
 `StepLoop` hands it the rows that step and gets one `RowResult` per row back, plus the step's
-`StepStats`. Two runners implement it: `runner.Runner` (full-canvas: LLaDA, Dream) and
-`block_runner.BlockRunner` (block diffusion: SDAR, LLaDA2); `sim_runner.SimRunner` fakes one
-for benchmarks. `row_results` is the one place a step's device results become host records.
+`StepStats`. Each family folder's runner implements it (families/canvas, block, revise);
+`sim_runner.SimRunner` fakes one for benchmarks. The two mask runners end a step with the same
+selection (`select_step`), and `row_results` is the one place a step's device results become
+host records.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Protocol, Sequence as Seq
 
 import torch
 
 from celeris.engine.errors import RowFailed
-from celeris.engine.sampling.select import token_logprobs
-from celeris.engine.sampling.batch import SamplingBatch, Selection
+from celeris.engine.sampling.select import published_order, select_tokens, token_logprobs, with_edits
+from celeris.engine.sampling.batch import SamplingBatch, Selection, SelectionRule, Window
 from celeris.engine.loop.sequence import Sequence
+from celeris.engine.structured.masks import window_masks
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,41 @@ def isolate(candidate: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """`candidate` (B, W) with the failed rows' `bad` (B,) columns off: such a row commits
     nothing and writes nothing back; every other row's selection is its own, unchanged."""
     return candidate & ~bad[:, None]
+
+
+def structure_row(constraint: Optional[object], first: int, width: int, W: int) -> Optional[tuple[object, list[int]]]:
+    """A row's entry in `select_step`'s `constraints`: None when unconstrained, else its
+    constraint with the output position of each of the W window columns (`first` on, `width`
+    of them; -1 past them)."""
+    if constraint is None:
+        return None
+    return constraint, [first + j if j < width else -1 for j in range(W)]
+
+
+def select_step(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule: SelectionRule, real: torch.Tensor,
+                constraints: Seq, spans: Seq[tuple[int, int]], editable: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, Callable[[], list[RowResult]]]:
+    """The selection both mask runners end a step with, over W window columns of B rows.
+
+    `window.candidate` (B, W) is where the family would decode; structured rows (`constraints`,
+    one `structure_row` a row) narrow it to their slots' fronts, and a row with non-finite logits
+    at a `real` (B, W) column loses it (it commits nothing and ends alone). Then `select_tokens`
+    under the family's rule, the published loops' tie order on CPU (`spans`, as `published_order`
+    takes them; CUDA keeps the graph-safe stable order), and LLaDA2.1's edits where `editable`
+    (B, W) is given. -> (the window's tokens after the step (B, W), the call that reads the rows'
+    results: the host's wait for the device)."""
+    tokens = window.tokens
+    front, allowed, failed = window_masks(constraints, tokens.shape[1], tokens.device)
+    candidate = window.candidate if front is None else window.candidate & front  # none for a failed row
+    bad = nonfinite_rows(logits, real)
+    candidate = isolate(candidate, bad)
+    sel = select_tokens(logits, batch, replace(window, candidate=candidate, allowed=allowed), rule)
+    if tokens.device.type == "cpu":
+        sel = published_order(sel, candidate, batch, rule, spans)
+    if editable is not None:
+        sel = with_edits(sel, tokens, editable, batch.editing)
+    new = torch.where(sel.commit, sel.x0, tokens)
+    return new, functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)
 
 
 def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,

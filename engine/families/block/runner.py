@@ -7,7 +7,7 @@ batches all running requests whatever block each is at, in at most two forwards:
 - prefill rows: the next chunk of their prompt's whole blocks, block-causally (a query sees
   every key whose block is not after its own), keys/values stored;
 - block rows: each request's current block over its cached prefix, bidirectional inside the
-  block. A denoise row then commits tokens (`sampler.select_tokens`, the published rules); a
+  block. A denoise row then commits tokens (`select_tokens`, the published rules); a
   store row (its block just finished) writes the block's keys/values to the cache.
 
 Fresh positions replace nothing: their keys/values are written in place at their columns of
@@ -15,13 +15,13 @@ the slot's cache (a prefill's and a store row's for good; a denoise row's are re
 block's store step), padded positions of shorter rows in scratch columns no real query sees, and
 attention reads each row's prefix where it lies (`cache.BlockCache`). On CUDA the block forward
 runs at static shapes (batch buckets, `attention.Spans` masks, the MoE's every-expert path) and
-replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the full-canvas runner's (`sampler.select_tokens` over a
-`SamplingBatch`) under the family's rule; the contract is `runner_api.StepRunner`.
+replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the
+full-canvas runner's (`runner_api.select_step`: `select_tokens` over a `SamplingBatch`) under
+the family's rule; the contract is `runner_api.StepRunner`.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Callable, Optional, Sequence as Seq
 
@@ -37,10 +37,8 @@ from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import ROW_ALIGN, MoE
 from celeris.engine.models.prefix_cache import slot_prefixes
-from celeris.engine.loop.runner_api import EMPTY, RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
-from celeris.engine.sampling.select import published_order, select_tokens, with_edits
+from celeris.engine.loop.runner_api import EMPTY, RowResult, StepStats, read_queued, select_step, structure_row
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
-from celeris.engine.structured.constraint import window_masks
 
 
 class BlockRunner:
@@ -209,23 +207,15 @@ class BlockRunner:
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
-        front, allowed, failed = window_masks([None if s.constraint is None or s.phase != DENOISE else (
-            s.constraint, [s.window[0] + j - len(s.prompt) if j < s.window[1] - s.window[0] else -1 for j in range(Wq)])
-            for s in rows], Wq, dev)
-        if front is not None:  # structured rows: only their slots' fronts (none for a failed row)
-            candidate = candidate & front
-        # A denoise row with non-finite logits commits nothing and ends alone (runner_api.row_results).
-        bad = nonfinite_rows(logits, real & denoise[:, None])
-        candidate = isolate(candidate, bad)
-        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt, allowed)
-        sel = select_tokens(logits, batch, window, self.family.rule)
-        if dev.type == "cpu":  # the published tie order: torch.topk over the block
-            sel = published_order(sel, candidate, batch, self.family.rule, [(s.params.block_length, 0) for s in rows])
+        constraints = [structure_row(s.constraint if s.phase == DENOISE else None, s.window[0] - len(s.prompt),
+                                     s.window[1] - s.window[0], Wq) for s in rows]
+        editable = None
         if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
             editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])
-            sel = with_edits(sel, ids, editable, batch.editing)
-        new = torch.where(sel.commit, sel.x0, ids)
+        window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt)
+        new, read = select_step(logits, batch, window, self.family.rule, real & denoise[:, None], constraints,
+                                [(s.params.block_length, 0) for s in rows], editable)
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             w = s.window[1] - s.window[0]
             self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
-        return functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)
+        return read

@@ -6,8 +6,9 @@ positions count from each row's first real token (as the published models see an
 prompt), so a row's logits and cached keys do not depend on the batch it shares.
 A step packs the rows' geometry into one small tensor and their sampling knobs into a
 `SamplingBatch` (one host->device copy each), runs one forward whose head is evaluated only on
-each row's current-block window, selects tokens with `sampler.select_tokens`, writes them back
-by position, and copies the per-row result to the host once (`runner_api.row_results`).
+each row's current-block window, selects tokens (`runner_api.select_step`, the selection tail
+the block runner ends with too), writes them back by position, and copies the per-row result to
+the host once.
 On CUDA the forward of a fixed-shape bucket is captured once as a CUDA graph and replayed, in
 every mode (full, cfg, a cache block's store step, the prefix/dual cached steps over the
 preallocated cache), where the bucket policy (`graphs.use_graph`) says so; selection runs after
@@ -16,7 +17,6 @@ the replay, so no sampling knob keeps a request off the graph. On CPU it runs ea
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence as Seq
@@ -28,11 +28,9 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.families.family import Family, family_of
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
-from celeris.engine.loop.runner_api import RowResult, StepStats, isolate, nonfinite_rows, read_queued, row_results
-from celeris.engine.sampling.select import published_order, select_tokens
+from celeris.engine.loop.runner_api import RowResult, StepStats, read_queued, select_step, structure_row
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.loop.sequence import Sequence
-from celeris.engine.structured.constraint import window_masks
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)
@@ -255,26 +253,16 @@ class Runner:
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         pos = geo[BLOCK_START][:, None] + w[None, :]  # generated-region positions key the noise
-        front, allowed, failed = window_masks([None if s.constraint is None else (s.constraint, [
-            s.block_start + j if j < s.params.block_length else -1 for j in range(W)]) for s in group]
-            + [None] * (B - len(group)), W, self.device)
-        if front is not None:  # structured rows: only their slots' fronts (none for a failed row)
-            candidate = candidate & front
-        # A row with non-finite logits commits nothing and ends alone (runner_api.row_results).
-        bad = nonfinite_rows(logits, v.in_block)
-        candidate = isolate(candidate, bad)
-        window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN], allowed)
-        rule = self.family.rule
-        sel = select_tokens(logits, batch, window, rule)
-        if self.device.type == "cpu":  # CUDA keeps the graph-safe stable order
-            sel = published_order(sel, candidate, batch, rule, spans)
-        new = torch.where(sel.commit, sel.x0, tokens)
+        constraints = [structure_row(s.constraint, s.block_start, s.params.block_length, W) for s in group]
+        window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN])
+        new, read = select_step(logits, batch, window, self.family.rule, v.in_block,
+                                constraints + [None] * (B - len(group)), spans)
         # Write back by position. Window columns past the row's end are not clamped here (the
         # duplicates would race): they land in scratch columns. Padding rows touch the spare row.
         scratch = torch.cat([v.ids, v.ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)
         ids = scratch.scatter(1, v.start[:, None] + w[None, :], torch.where(v.in_block, new, tokens))[:, :L]
         self.canvas[geo[IDX], self.max_len - L:] = ids
-        return functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)  # logprobs: the model's own
+        return read
 
     def _cached_logits(self, v: View, idx: torch.Tensor, fresh: int, W: int, lead: bool,
                        last: Optional[torch.Tensor] = None) -> torch.Tensor:
