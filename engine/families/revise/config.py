@@ -7,11 +7,11 @@ not implement are refused by name; the vision tower is left out and `GemmaConfig
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from celeris.engine.config import read_json
 from celeris.engine.errors import ModelLoadError
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
@@ -154,8 +154,7 @@ def _layer(text: dict[str, Any], i: int) -> LayerShape:
 
 def generation_eos(folder: Path) -> tuple[int, ...]:
     """The end-of-sequence ids generation_config.json names (transformers stops at any of them)."""
-    path = Path(folder) / "generation_config.json"
-    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    eos = read_json(folder, "generation_config.json").get("eos_token_id")
     if eos is None:
         return ()
     return tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),)
