@@ -1,6 +1,7 @@
 """`celeris generate | batch | bench`: the client commands (dispatched here by server/cli.py).
 
     celeris generate --server localhost:50051 "Once upon a time" --steps 32
+    celeris generate --chat --tools tools.json --tool-choice required "Weather in Paris?"
     celeris batch prompts.jsonl results.jsonl --concurrency 8
     celeris bench --server localhost:50051 --concurrency 8 --requests 64 --gen-length 64 --steps 32
 
@@ -16,14 +17,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import grpc
 
 from celeris_client import batch, bench
 from celeris_client.client import DEFAULT_TARGET, AsyncCelerisClient, CelerisClient
 from celeris_client.errors import CelerisError, RetryPolicy
-from celeris_client.types import REMASKING
+from celeris_client.types import REMASKING, TOOL_CHOICES, Result, Snapshot
 from celeris_client.view import LiveView, snapshot_json
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -105,9 +106,46 @@ def client_kwargs(a: argparse.Namespace) -> dict[str, Any]:
                                  token_ratio=a.retry_ratio)}
 
 
+def read_tools(path: Path) -> list[dict[str, Any]]:
+    """--tools FILE: OpenAI's tools list ([{"type": "function", "function": {...}}, ...])."""
+    tools = json.loads(path.read_text())
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError(f"--tools {path}: must hold a JSON list of tools ({{\"type\": \"function\", "
+                         f"\"function\": {{\"name\", \"parameters\"...}}}})")
+    return tools
+
+
+def tool_knobs(a: argparse.Namespace) -> dict[str, Any]:
+    """--tools, --tool-choice (none | auto | required | a function's name), --no-parallel-tool-calls."""
+    out: dict[str, Any] = {}
+    if a.tools is not None:
+        out["tools"] = read_tools(a.tools)
+    if a.tool_choice is not None:
+        out["tool_choice"] = a.tool_choice if a.tool_choice in TOOL_CHOICES else {"name": a.tool_choice}
+    if a.parallel_tool_calls is not None:
+        out["parallel_tool_calls"] = a.parallel_tool_calls
+    return out
+
+
+def answer_lines(r: Union[Result, Snapshot]) -> list[str]:
+    """What the server read from a chat answer: reasoning, content, then one line per tool call."""
+    lines = [f"reasoning: {r.reasoning}"] if r.reasoning else []
+    if r.content:
+        lines.append(r.content)
+    lines += [f"tool call {c.id}: {c.name}({c.arguments})" for c in r.tool_calls]
+    return lines
+
+
+def print_result(r: Result) -> None:
+    read = r.tool_calls or r.reasoning is not None or r.content is not None
+    print("\n".join(answer_lines(r)) if read else r.text)
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
-    prompt: Any = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
-    knobs = knobs_from_args(a)
+    tools = tool_knobs(a)
+    chat = a.chat or bool(tools)  # tools go with a chat prompt
+    prompt: Any = [{"role": "user", "content": a.prompt}] if chat else a.prompt
+    knobs = knobs_from_args(a) | tools
     if a.provisional and (a.plain or ((knobs.get("n") or 1) > 1 and not a.json)):
         raise ValueError("--provisional shows in streamed snapshots: use it with the live view or --json")
     stream_knobs = knobs | ({"provisional": True} if a.provisional else {})
@@ -117,17 +155,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
                 print(snapshot_json(snap), flush=True)
         elif (knobs.get("n") or 1) > 1:  # several samples: their final texts, one per line
             for res in client.sample(prompt, knobs.pop("n"), **knobs):
-                print(res.text)
+                print_result(res)
         elif sys.stdout.isatty() and not a.plain:
             eos = client.model_info().eos_token_id
             view = LiveView(sys.stdout, color=not os.environ.get("NO_COLOR"), stop_ids=frozenset({eos}))
+            last = None
             try:
-                for snap in client.stream(prompt, **stream_knobs):
-                    view.draw(snap)
+                for last in client.stream(prompt, **stream_knobs):
+                    view.draw(last)
             finally:
                 view.close()
+            if last is not None and (last.tool_calls or last.reasoning):  # the canvas shows the raw answer
+                print("\n".join(answer_lines(last)))
         else:
-            print(client.generate(prompt, **knobs).text)
+            print_result(client.generate(prompt, **knobs))
     return 0
 
 
@@ -173,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plain", action="store_true", help="print only the final text, even on a terminal")
     g.add_argument("--provisional", action="store_true",
                    help="also stream the current block's top predictions (shown dim in place of masks)")
+    t = g.add_argument_group("tools (docs/tools.md; imply --chat)")
+    t.add_argument("--tools", type=Path, default=None, metavar="FILE.json",
+                   help="OpenAI-shaped tools list the model may call; its calls are printed one a line")
+    t.add_argument("--tool-choice", default=None, metavar="CHOICE",
+                   help=f"{' | '.join(TOOL_CHOICES)} | a function's name (required and named calls are "
+                        "decoded under the function's schema); default auto with --tools")
+    t.add_argument("--no-parallel-tool-calls", dest="parallel_tool_calls", action="store_const", const=False,
+                   default=None, help="at most one call per answer")
     add_connection_args(g)
     add_knob_args(g)
 

@@ -12,6 +12,16 @@ every_k_steps and stream_format ("delta", the default here, or "full") for `stre
 (seconds, the whole call including retries). With "delta" the server sends only what changed and
 `celeris_client.canvas.Canvas` rebuilds every Snapshot, so callers see the same records either way.
 
+Tools (chat prompts, docs/tools.md): `tools=` (OpenAI's list), `tool_choice=` ("none", "auto",
+"required" or {"type": "function", "function": {"name": ...}}) and `parallel_tool_calls=`; the
+Result (and the last Snapshot) carries `tool_calls`, `reasoning` and `content`, and
+`Result.message()` is the assistant turn to send back before the tool results:
+
+    res = c.generate(messages, tools=tools, tool_choice="required")
+    messages += [res.message(), *({"role": "tool", "tool_call_id": call.id, "content": run(call)}
+                                  for call in res.tool_calls)]
+    print(c.generate(messages, tools=tools).content)
+
 Retries: UNAVAILABLE, RESOURCE_EXHAUSTED and CANCELLED (never this client's own: a call crossing a
 draining server's GOAWAY) are retried with exponential backoff and jitter, never sooner than the
 server's RetryInfo delay, and only while the client's retry budget allows (gRPC's retry

@@ -14,8 +14,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from celeris.v1 import generation_pb2 as pb
 
-# A prompt is text, already tokenized ids, or a conversation [{"role": ..., "content": ...}].
-Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]]]
+# A prompt is text, already tokenized ids, or a conversation [{"role": ..., "content": ...}] (an
+# assistant turn may carry OpenAI-shaped "tool_calls", a "tool" turn its "tool_call_id").
+Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
 
 REMASKING = {"low_confidence": pb.REMASKING_LOW_CONFIDENCE, "random": pb.REMASKING_RANDOM,
              "margin": pb.REMASKING_MARGIN, "entropy": pb.REMASKING_ENTROPY}
@@ -24,7 +25,9 @@ FORMATS = {"full": pb.SNAPSHOT_FORMAT_FULL, "delta": pb.SNAPSHOT_FORMAT_DELTA}
 STREAM_MODES = {"every_step": pb.STREAM_MODE_UNSPECIFIED, "every_k_steps": pb.STREAM_MODE_EVERY_K_STEPS,
                 "block_complete": pb.STREAM_MODE_BLOCK_COMPLETE, "final_only": pb.STREAM_MODE_FINAL_ONLY}
 FINISH_REASONS = {pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
-                  pb.FINISH_REASON_CANCELLED: "cancelled"}
+                  pb.FINISH_REASON_CANCELLED: "cancelled", pb.FINISH_REASON_TOOL_CALLS: "tool_calls"}
+TOOL_CHOICES = {"none": pb.TOOL_CHOICE_MODE_NONE, "auto": pb.TOOL_CHOICE_MODE_AUTO,
+                "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 KV_CACHES = {"none": pb.KV_CACHE_NONE, "prefix": pb.KV_CACHE_PREFIX, "dual": pb.KV_CACHE_DUAL}
 KV_CACHE_NAMES = {pb.KV_CACHE_NONE: "none", pb.KV_CACHE_PREFIX: "prefix", pb.KV_CACHE_DUAL: "dual",
                   pb.KV_CACHE_EXACT: "exact"}
@@ -52,6 +55,24 @@ class Token:
     # mask model; inside a stopped canvas, for a revising model such as DiffusionGemma). False while
     # masked, and while a revising model may still replace the token shown.
     final: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool in an answer (Result.tool_calls)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text of an object (always valid against the schema when tool_choice enforced it)
+
+    @property
+    def args(self) -> Any:
+        """The arguments, parsed (json.loads)."""
+        return json.loads(self.arguments)
+
+    def openai(self) -> dict[str, Any]:
+        """OpenAI's shape, as an assistant message's "tool_calls" item sent back in the next turn."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,11 @@ class Snapshot:
     # model's canvas being denoised; never for a mask model).
     revised: tuple[int, ...] = ()
     revising: bool = False  # the model may replace unmasked tokens that are not final (DiffusionGemma)
+    # Last snapshot of a chat answer the server read with its parsers (tools, reasoning): the calls
+    # it made, its thinking-channel text, and its text without either (None: not read / none).
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: Optional[str] = None
+    content: Optional[str] = None
 
     @property
     def masked_count(self) -> int:
@@ -112,7 +138,10 @@ class Snapshot:
             finish_reason=FINISH_REASONS.get(m.finish_reason), usage=usage, seed=m.seed if m.done else None,
             elapsed_s=m.elapsed.ToNanoseconds() / 1e9 if m.HasField("elapsed") else None,
             kv_cache=KV_CACHE_NAMES.get(m.kv_cache) if m.done else None, choice=m.choice,
-            final_positions=m.final_positions, revising=m.revising)
+            final_positions=m.final_positions, revising=m.revising,
+            tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+            reasoning=m.reasoning if m.HasField("reasoning") else None,
+            content=m.content if m.HasField("content") else None)
 
 
 @dataclass(frozen=True)
@@ -120,19 +149,33 @@ class Result:
     """The outcome of one generation (the stream's last message)."""
 
     request_id: str
-    text: str  # the generated text, cut before the first EOS
-    finish_reason: str
+    text: str  # the generated text, cut before the first EOS (the model's raw answer, call markup included)
+    finish_reason: str  # "length" | "stop" | "cancelled" | "tool_calls"
     usage: Usage
     seed: int
     steps: int  # denoising steps actually used
     elapsed_s: float
     tokens: tuple[Token, ...]
     kv_cache: str = "none"  # none, prefix, dual (approximate) or exact (block models)
+    # Chat answers the server read (tools=..., or a reasoning parser on the server): the tool calls,
+    # the thinking-channel text, and the text without either (None when not read, or only calls).
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: Optional[str] = None
+    content: Optional[str] = None
 
     @classmethod
     def from_snapshot(cls, s: Snapshot) -> Result:
         return cls(s.request_id, s.text, s.finish_reason or "length", s.usage or Usage(0, 0, 0), s.seed or 0,
-                   s.step, s.elapsed_s or 0.0, s.tokens, s.kv_cache or "none")
+                   s.step, s.elapsed_s or 0.0, s.tokens, s.kv_cache or "none", s.tool_calls, s.reasoning, s.content)
+
+    def message(self) -> dict[str, Any]:
+        """This answer as the assistant turn of the next request's conversation (OpenAI's shape):
+        its content (the read content when the server read it) and its tool_calls."""
+        read = self.tool_calls or self.reasoning is not None or self.content is not None
+        msg: dict[str, Any] = {"role": "assistant", "content": (self.content or "") if read else self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.openai() for c in self.tool_calls]
+        return msg
 
 
 @dataclass(frozen=True)
@@ -196,21 +239,67 @@ def _set_input(req: pb.GenerateRequest, prompt: Prompt) -> None:
     if isinstance(prompt, str):
         req.prompt = prompt
     elif prompt and all(isinstance(m, Mapping) for m in prompt):
-        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m.get("content", "")) for m in prompt)
+        req.chat.messages.extend(_chat_message(m) for m in prompt)
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         req.token_ids.ids.extend(prompt)  # an empty list is sent as is; the server names the field
     else:
         raise TypeError("prompt must be a str, a sequence of token ids, or a list of {role, content} messages")
 
 
+def _chat_message(m: Mapping[str, Any]) -> pb.ChatMessage:
+    """One turn: role and content (None: empty), an assistant's tool_calls (OpenAI's shape, or
+    ToolCall records), a tool result's tool_call_id and name."""
+    msg = pb.ChatMessage(role=m["role"], content=m.get("content") or "", tool_call_id=m.get("tool_call_id") or "",
+                         name=m.get("name") or "")
+    for c in m.get("tool_calls") or ():
+        if isinstance(c, ToolCall):
+            c = c.openai()
+        fn = c.get("function", c)  # OpenAI's {"function": {...}}, or the function fields themselves
+        args = fn.get("arguments", "{}")
+        msg.tool_calls.add(id=c.get("id", ""), name=fn["name"],
+                           arguments=args if isinstance(args, str) else json.dumps(args))
+    return msg
+
+
+def _set_tools(req: pb.GenerateRequest, tools: Sequence[Mapping[str, Any]]) -> None:
+    """OpenAI's tools list ([{"type": "function", "function": {"name", "description", "parameters",
+    "strict"}}], or the function dicts themselves); parameters as a dict or JSON text."""
+    for t in tools:
+        fn = t.get("function", t)
+        params = fn.get("parameters")
+        req.tools.add(name=fn.get("name", ""), description=fn.get("description") or "",
+                      parameters="" if params is None else params if isinstance(params, str) else json.dumps(params),
+                      strict=bool(fn.get("strict", False)))
+
+
+def _set_tool_choice(req: pb.GenerateRequest, choice: Union[str, Mapping[str, Any]]) -> None:
+    """"none" | "auto" | "required", or a named function: {"type": "function", "function":
+    {"name": ...}} (OpenAI's) or {"name": ...}."""
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or {{\"name\": ...}}, got {choice!r}")
+        req.tool_choice.mode = TOOL_CHOICES[choice]
+        return
+    name = choice.get("function", choice).get("name") if isinstance(choice, Mapping) else None
+    if not isinstance(name, str):
+        raise ValueError(f"tool_choice must name a function ({{\"type\": \"function\", \"function\": "
+                         f"{{\"name\": ...}}}}), got {choice!r}")
+    req.tool_choice.mode, req.tool_choice.name = pb.TOOL_CHOICE_MODE_FUNCTION, name
+
+
 def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "every_step",
                   every_k_steps: int = 0, stream_format: str = "", provisional: bool = False,
-                  structured_output: Optional[dict] = None, **knobs: Any) -> pb.GenerateRequest:
+                  structured_output: Optional[dict] = None, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                  tool_choice: Union[str, Mapping[str, Any], None] = None, parallel_tool_calls: Optional[bool] = None,
+                  **knobs: Any) -> pb.GenerateRequest:
     """A GenerateRequest; knobs left out or None take the server's defaults. `stream_format`:
     "full" or "delta" (SnapshotFormat); empty leaves it unset (full). `provisional` (delta
     only): snapshots also carry the current block's top predictions (Snapshot.provisional).
     `structured_output`: one of {"json_schema": schema (dict or JSON text)}, {"regex": str},
-    {"choice": [str, ...]}, {"json_object": True}: the text always matches it."""
+    {"choice": [str, ...]}, {"json_object": True}: the text always matches it.
+    `tools` (OpenAI's list), `tool_choice` ("none", "auto", "required" or {"type": "function",
+    "function": {"name": ...}}) and `parallel_tool_calls`: chat prompts only (docs/tools.md); the
+    result's tool_calls, reasoning and content carry what the server read from the answer."""
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise TypeError(f"unknown generation knob(s): {', '.join(sorted(unknown))}; known: {', '.join(KNOBS)}")
@@ -239,6 +328,12 @@ def build_request(prompt: Prompt, *, request_id: str = "", stream_mode: str = "e
     req.stream_options.provisional = bool(provisional)
     if structured_output is not None:
         _set_structured(req.structured_output, structured_output)
+    if tools:
+        _set_tools(req, tools)
+    if tool_choice is not None:
+        _set_tool_choice(req, tool_choice)
+    if parallel_tool_calls is not None:
+        req.parallel_tool_calls = bool(parallel_tool_calls)
     return req
 
 
