@@ -33,7 +33,8 @@ SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5
            "provisional": True, "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False, "max_denoising_steps": 8,
            "entropy_bound": 0.25, "t_min": 0.25, "t_max": 0.5, "stability_threshold": 2, "confidence_threshold": 0.125}
 # GenerateRequest fields that are not sampling knobs.
-NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n", "structured_output", "cache_salt"}
+NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n", "structured_output", "cache_salt",
+             "tools", "tool_choice", "parallel_tool_calls"}
 PROTO_KINDS = {INT: (FD.TYPE_UINT32, FD.TYPE_UINT64), FLOAT: (FD.TYPE_FLOAT,), BOOL: (FD.TYPE_BOOL,),
                CHOICE: (FD.TYPE_ENUM,), STRINGS: (FD.TYPE_STRING,), IDS: (FD.TYPE_UINT32,)}
 
