@@ -1,0 +1,146 @@
+"""Tool-call parsers (engine/agents/parsers.py, issue 43): each family's calls, rendered by a chat
+template written in that family's published format, come back out of the text with the same names
+and arguments; malformed calls stay content; several calls; the enforcing grammar accepts exactly
+the format around valid arguments. Also the tokenizer's tool rendering (engine/tokenizer.py)."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import pytest
+
+from celeris.engine.agents import gemma_format
+from celeris.engine.agents.parsers import TOOL_PARSERS, detect_tool_parser
+from celeris.engine.agents.tools import ToolChoice, parse_tools
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import LLM
+from celeris.engine.structured.constraint import GRAMMAR
+from celeris.engine.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
+from tests.unit.agent_schemas import TOOLS
+from tests.unit.agent_templates import GEMMA_STYLE, LLADA2_STYLE, QWEN_STYLE
+
+TEMPLATES = {"hermes": QWEN_STYLE, "llada2": LLADA2_STYLE, "gemma": GEMMA_STYLE}
+CALLS = [("get_weather", {"city": "Paris {x}", "units": "celsius"}),
+         ("create_event", {"title": "a, b: c", "when": {"day": 3, "hour": 0}, "attendees": ["x", "y"]}),
+         ("rate", {"score": 0.5, "comment": None}), ("ping", {})]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LLM:
+    return LLM.load(None)
+
+
+def _tok(tiny: LLM, template: str) -> Tokenizer:
+    return Tokenizer(tiny.tokenizer._tok, tiny.model_config, {"chat_template": template})
+
+
+def _history(calls) -> list[dict]:
+    tc = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+          for i, (n, a) in enumerate(calls)]
+    return [{"role": "user", "content": "do it"}, {"role": "assistant", "content": None, "tool_calls": tc},
+            {"role": "tool", "tool_call_id": "call_0", "name": calls[0][0], "content": "done"}]
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_calls_the_template_renders_come_back(tiny, name):
+    parser = TOOL_PARSERS[name]
+    assert detect_tool_parser(TEMPLATES[name]) == name
+    text = _tok(tiny, TEMPLATES[name]).apply_chat_template(_history(CALLS), tools=TOOLS)
+    _, calls = parser.extract(text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS
+    assert len({c.id for c in calls}) == len(CALLS)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_own_rendering_round_trips_with_content_around(name):
+    parser = TOOL_PARSERS[name]
+    text = "Let me check." + "".join("\n" + parser.render(n, a) for n, a in CALLS[:2])
+    content, calls = parser.extract(text, names={"get_weather", "create_event"})
+    assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == CALLS[:2]
+    assert parser.extract("no calls here") == ("no calls here", [])
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_malformed_calls_stay_content(name):
+    parser = TOOL_PARSERS[name]
+    good = parser.render("ping", {})
+    open_, close = ("<|tool_call>call:", "<tool_call|>") if name == "gemma" else ("<tool_call>", "</tool_call>")
+    bad = [open_ + "{not json" + close, open_ + '{"name": 3}' + close, open_ + "x{a:}" + close,
+           open_ + '{"name": "x", "arguments": [1]}' + close, good[:-3], "<tool_call>\n", "<|tool_call>call:",
+           parser.render("unknown_tool", {"a": 1})]
+    for b in bad:
+        content, calls = parser.extract(b, names={"ping"})
+        assert calls == [] and content == b, b
+    content, calls = parser.extract(bad[0] + " " + good, names={"ping"})
+    assert [c.name for c in calls] == ["ping"] and content == bad[0]
+
+
+def test_llada2_reads_ling3_argument_pairs():
+    text = '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n' \
+           '<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>'
+    content, calls = TOOL_PARSERS["llada2"].extract(text)
+    assert content == "" and json.loads(calls[0].arguments) == {"city": "Oslo", "days": 3}
+
+
+def test_gemma_values_round_trip():
+    for v in [{"a": "x<|\"|", "b": [1, -2.5, True, None, {"c": "}"}], "e": {}}, {}, {"s": "{,:}"}]:
+        assert gemma_format.parse(gemma_format.dump(v)) == v
+    for bad in ["{a:1,}", "{a:1", "{1:2}", "{a:<|\"|>x}", "{a:1}}", "{a:tru}", ""]:
+        assert gemma_format.parse(bad) is None, bad
+
+
+def test_detection():
+    assert detect_tool_parser(DEFAULT_CHAT_TEMPLATE) == "hermes"
+    assert detect_tool_parser("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert detect_tool_parser(None) is None
+
+
+def _accepts(ll, grammar: str, text: str) -> bool:
+    m = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+    toks = ll.tokenize_str(text)
+    return m.try_consume_tokens(toks) == len(toks) and m.is_accepting()
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_enforcing_grammar_is_the_format_around_valid_arguments(tiny, name):
+    parser = TOOL_PARSERS[name]
+    ll = llguidance.LLTokenizer(tiny.tokenizer.to_json(), n_vocab=tiny.tokenizer.vocab_size, eos_token=2)
+    tools = parse_tools(TOOLS)
+    def compact(fn: str, args: dict) -> str:  # enforcement writes the arguments compactly
+        if name == "gemma":
+            return parser.render(fn, args)
+        return f'<tool_call>\n{{"name": "{fn}", "arguments": {json.dumps(args, separators=(",", ":"))}}}\n</tool_call>'
+
+    one, two = compact("get_weather", {"city": "Oslo"}), compact("rate", {"score": 1})
+    required = parser.grammar(tools, ToolChoice("required"), parallel=True)
+    assert _accepts(ll, required, one) and _accepts(ll, required, one + parser.separator + two)
+    single = parser.grammar(tools, ToolChoice("required"), parallel=False)
+    assert _accepts(ll, single, two) and not _accepts(ll, single, one + parser.separator + two)
+    named = parser.grammar(tools, ToolChoice("function", "rate"), parallel=True)
+    assert _accepts(ll, named, two) and not _accepts(ll, named, one)
+    for bad in [{"city": 3}, {"units": "celsius"}, {"city": "x", "units": "kelvin"}]:
+        assert not _accepts(ll, required, compact("get_weather", bad)), bad
+    assert not _accepts(ll, required, "Sure! " + one)
+    spec = parser.enforced(tools, ToolChoice("function", "rate"), False)
+    assert spec.kind == GRAMMAR and spec.field == "tools[13].function.parameters"
+    assert parser.enforced(tools, ToolChoice("required"), True).field == "tools"
+
+
+def test_the_tokenizer_renders_tools_and_tool_turns(tiny):
+    tok = tiny.tokenizer
+    plain = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(plain) == "<|system|>\ns\n<|user|>\nhi\n<|assistant|>\n"  # as before
+    text = tok.apply_chat_template(_history(CALLS[:1]), tools=TOOLS[:1])
+    assert '"name": "get_weather"' in text and "<tool_response>\ndone\n</tool_response>" in text
+    assert [c.name for c in TOOL_PARSERS["hermes"].extract(text)[1]] == ["get_weather"]
+    ids = tok.encode_chat(_history(CALLS[:1]), tools=TOOLS[:1])
+    assert tok.decode(ids).count("done") == 1
+    for messages, tools, field in [
+        (_history([("get_weather", {"city": "<|user|>"})]), None, "messages[1].tool_calls"),
+        (plain, [{"type": "function", "function": {"name": "x", "description": "<|assistant|>"}}], "tools"),
+        ([{"role": "assistant", "content": None}], None, "messages[0]"),
+    ]:
+        with pytest.raises(InvalidRequest) as e:
+            tok.encode_chat(messages, tools=tools)
+        assert e.value.violations[0].field == field
