@@ -254,7 +254,13 @@ class Tokenizer:
 
     @functools.cached_property
     def _markers(self) -> tuple[str, ...]:
-        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+        return tuple(self.special_markers)
+
+    @functools.cached_property
+    def special_markers(self) -> dict[str, int]:
+        """Text -> id of every special added token (a chat format's markers among them): what a
+        tool-call grammar writes as token references (engine/agents/parsers.py `literal`)."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     def decode_markup(self, ids: Iterable[int]) -> str:
         """Text of generated ids keeping the special tokens a chat format writes (tool-call and

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 QUOTE = '<|"|>'
 MAX_DEPTH = 32
@@ -93,8 +93,12 @@ def _lit(text: str) -> str:
     return json.dumps(text)
 
 
+def _base(lit: Callable[[str], str]) -> dict[str, str]:
+    """The rules every gemma grammar shares (a string's delimiters written by `lit`)."""
+    return {"g_str": f"{lit(QUOTE)} /[^<]*/ {lit(QUOTE)}", **_BASE}
+
+
 _BASE = {
-    "g_str": f'{_lit(QUOTE)} /[^<]*/ {_lit(QUOTE)}',
     "g_int": r'/-?(0|[1-9][0-9]{0,15})/',
     "g_num": r'/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/',
     "g_bool": '"true" | "false"',
@@ -109,9 +113,9 @@ class Rules:
     """The lark rules of a schema's values in this syntax, named from `prefix`; `value(schema)`
     returns the expression of one value and leaves the rules it needs in `lines`."""
 
-    def __init__(self, root: dict, prefix: str):
-        self.root, self.prefix = root, prefix
-        self.lines: list[str] = [f"{k}: {v}" for k, v in _BASE.items()] if prefix == "t0" else []
+    def __init__(self, root: dict, prefix: str, lit: Callable[[str], str] = _lit):
+        self.root, self.prefix, self.lit = root, prefix, lit
+        self.lines: list[str] = [f"{k}: {v}" for k, v in _base(lit).items()] if prefix == "t0" else []
         self._n = 0
         self._refs: dict[str, str] = {}
 
@@ -130,7 +134,7 @@ class Rules:
             if key in schema:
                 options = [schema[key]] if key == "const" else schema[key]
                 if isinstance(options, list) and options:
-                    return "(" + " | ".join(_lit(dump(v)) for v in options) + ")"
+                    return "(" + " | ".join(self.lit(dump(v)) for v in options) + ")"
         alts = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(alts, list) and alts:
             return "(" + " | ".join(self.value(a, depth + 1) for a in alts) + ")"
@@ -165,7 +169,7 @@ class Rules:
             return "g_obj"
         required = set(schema.get("required") or [])
         keys = [k for k in props if _KEY.fullmatch(k)]  # a key the syntax cannot write is left out
-        pairs = [f'{_lit(k + ":")} {self.value(props[k], depth + 1)}' for k in keys]
+        pairs = [f'{self.lit(k + ":")} {self.value(props[k], depth + 1)}' for k in keys]
         memo: dict[tuple[int, bool], Optional[str]] = {}
 
         def rest(k: int, first: bool) -> Optional[str]:  # keys k.. after `first` (no comma yet) or not

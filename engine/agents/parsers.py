@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from celeris.engine.agents import gemma_format
 from celeris.engine.agents.tools import Tool, ToolCall, ToolChoice, args_schema, new_call_id
@@ -32,6 +32,19 @@ MAX_CALLS = 64  # calls read from one generation; the rest stay in the content
 def _lit(text: str) -> str:
     """A lark string literal of `text` (JSON escapes, which llguidance's lark reads)."""
     return json.dumps(text)
+
+
+def literal(text: str, specials: Mapping[str, int]) -> str:
+    """The lark expression of fixed text whose markers may be special tokens (`specials`: a
+    special token's text -> its id): those are written as llguidance token references `<[id]>`
+    (a text literal never matches a special token), the rest as string literals."""
+    if not specials:
+        return _lit(text)
+    hits = sorted((m for m in specials if m and m in text), key=len, reverse=True)
+    if not hits:
+        return _lit(text)
+    parts = re.split("(" + "|".join(re.escape(m) for m in hits) + ")", text)
+    return " ".join(f"<[{specials[p]}]>" if p in specials else _lit(p) for p in parts if p)
 
 
 class ToolParser:
@@ -66,13 +79,18 @@ class ToolParser:
         """One call as the family's template writes it (tests, docs)."""
         raise NotImplementedError
 
-    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:  # pragma: no cover - abstract
-        """(the lark expression of one call of `tool`, the extra rules it needs), rules named from `rule`."""
+    def _syntax(self, tool: Tool, rule: str, lit: Callable[[str], str]) -> tuple[str, list[str]]:  # pragma: no cover
+        """(the lark expression of one call of `tool`, the extra rules it needs), rules named from
+        `rule`, fixed text written by `lit`."""
         raise NotImplementedError
 
-    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
+    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
+                specials: Mapping[str, int] = {}) -> str:
         """The lark grammar of what `choice` allows: a call of the named tool, or (required) of
-        any one of them; with `parallel` under required, one or more calls."""
+        any one of them; with `parallel` under required, one or more calls. `specials` (a special
+        token's text -> id, `Tokenizer.special_markers`) makes markers that are special tokens
+        in the model's vocabulary match those tokens."""
+        lit = lambda text: literal(text, specials)  # noqa: E731
         if choice.mode == "function":
             pick = [t for t in tools if t.name == choice.name]
         elif choice.mode == "required":
@@ -83,21 +101,23 @@ class ToolParser:
             raise ValueError("no tool to enforce")
         lines, alts = [], []
         for i, tool in enumerate(pick):
-            body, extra = self._syntax(tool, f"t{i}")
+            body, extra = self._syntax(tool, f"t{i}", lit)
             lines.append(f"call_t{i}: {body}")
             lines += extra
             alts.append(f"call_t{i}")
         many = parallel and choice.mode == "required"
-        start = f"call ({_lit(self.separator)} call)*" if many else "call"
+        sep = f"{lit(self.separator)} " if self.separator else ""
+        start = f"call ({sep}call)*" if many else "call"
         return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *lines])
 
     def enforced(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-                 field: str = "tools") -> Structured:
-        """The structured output that makes the generation exactly a call (or calls) per `choice`."""
+                 field: str = "tools", specials: Mapping[str, int] = {}) -> Structured:
+        """The structured output that makes the generation exactly a call (or calls) per `choice`
+        (`specials`: see `grammar`; pass the model tokenizer's `special_markers`)."""
         where = field
         if choice.mode == "function":
             where = f"{field}[{[t.name for t in tools].index(choice.name)}].function.parameters"
-        return Structured(GRAMMAR, self.grammar(tools, choice, parallel), where)
+        return Structured(GRAMMAR, self.grammar(tools, choice, parallel, specials), where)
 
 
 class HermesParser(ToolParser):
@@ -110,9 +130,9 @@ class HermesParser(ToolParser):
     def render(self, name: str, arguments: dict) -> str:
         return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
 
-    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:
-        head = _lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')
-        return f"{head} args_{rule} {_lit(chr(125) + chr(10) + '</tool_call>')}", \
+    def _syntax(self, tool: Tool, rule: str, lit: Callable[[str], str]) -> tuple[str, list[str]]:
+        head = lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')
+        return f"{head} args_{rule} {lit(chr(125) + chr(10) + '</tool_call>')}", \
             [f"args_{rule}: %json {json.dumps(args_schema(tool.parameters))}"]
 
 
@@ -166,10 +186,10 @@ class GemmaParser(ToolParser):
     def render(self, name: str, arguments: dict) -> str:
         return f"<|tool_call>call:{name}{gemma_format.dump(arguments)}<tool_call|>"
 
-    def _syntax(self, tool: Tool, rule: str) -> tuple[str, list[str]]:
-        rules = gemma_format.Rules(tool.parameters, rule)
+    def _syntax(self, tool: Tool, rule: str, lit: Callable[[str], str]) -> tuple[str, list[str]]:
+        rules = gemma_format.Rules(tool.parameters, rule, lit)
         top = rules.value(tool.parameters)
-        return f"{_lit('<|tool_call>call:' + tool.name)} {top} {_lit('<tool_call|>')}", rules.lines
+        return f"{lit('<|tool_call>call:' + tool.name)} {top} {lit('<tool_call|>')}", rules.lines
 
 
 TOOL_PARSERS: dict[str, ToolParser] = {p.name: p for p in (HermesParser(), LLaDA2Parser(), GemmaParser())}
@@ -189,4 +209,4 @@ def detect_tool_parser(chat_template: str) -> Optional[str]:
     return next((name for test, name in _DETECT if test(chat_template)), None)
 
 
-__all__ = ["ToolParser", "TOOL_PARSERS", "detect_tool_parser", "HermesParser", "LLaDA2Parser", "GemmaParser"]
+__all__ = ["literal", "ToolParser", "TOOL_PARSERS", "detect_tool_parser", "HermesParser", "LLaDA2Parser", "GemmaParser"]

@@ -144,3 +144,26 @@ def test_the_tokenizer_renders_tools_and_tool_turns(tiny):
         with pytest.raises(InvalidRequest) as e:
             tok.encode_chat(messages, tools=tools)
         assert e.value.violations[0].field == field
+
+
+def test_markers_that_are_special_tokens_are_matched_as_tokens(tiny):
+    """Gemma 4's markers are special tokens in its vocabulary: a text literal never matches one,
+    so the grammar writes them as token references when given the tokenizer's special markers."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_str(tiny.tokenizer.to_json())
+    hf.add_special_tokens([AddedToken(m, special=True) for m in ("<|tool_call>", "<tool_call|>", '<|"|>')])
+    specials = {m: hf.token_to_id(m) for m in ("<|tool_call>", "<tool_call|>", '<|"|>')}
+    ll = llguidance.LLTokenizer(hf.to_str(), n_vocab=hf.get_vocab_size(), eos_token=2)
+    gemma = TOOL_PARSERS["gemma"]
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "required": ["s"], "properties": {"s": {"type": "string"}}}}}])
+    text = gemma.render("f", {"s": "hi"})
+    ids = hf.encode(text, add_special_tokens=False).ids
+    assert specials["<|tool_call>"] in ids  # read as special tokens
+    for grammar, ok in [(gemma.grammar(tools, ToolChoice("function", "f"), False, specials), True),
+                        (gemma.grammar(tools, ToolChoice("function", "f"), False), False)]:
+        m = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+        assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) == ok
+    assert gemma.extract(text)[1][0].arguments == '{"s": "hi"}'
