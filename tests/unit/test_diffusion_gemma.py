@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from celeris.engine.errors import ModelLoadError  # noqa: E402
 from celeris.engine.families.revise.config import gemma_config  # noqa: E402
 from celeris.engine.families.revise.weights import load_gemma  # noqa: E402
-from celeris.engine.families.revise.slots import ReviseSequence, generate  # noqa: E402
+from celeris.engine.families.revise.slots import SlotState, generate  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint)
 from tests.unit.gemma_helpers import PARAMS, PROMPTS, gen_kwargs  # noqa: E402
@@ -42,7 +42,7 @@ def test_both_stopping_rules_are_exercised(pair):
     ours, _ = pair
     reasons = set()
     for pname, seed in product(("steps", "rule", "confident"), (0, 3)):
-        seq = ReviseSequence(ours, PROMPTS[0], PARAMS[pname], seed, 16, (), 0)
+        seq = SlotState(ours, PROMPTS[0], PARAMS[pname], seed, 16, (), 0)
         while not seq.finished:
             c, sc = seq.denoise_input()
             seq.advance(ours.denoise(c, seq.cache, sc)[0])
@@ -102,7 +102,7 @@ def test_batched_rows_decode_what_they_decode_alone(pair):
     while len(seqs) < len(jobs) or not all(s.finished for s in seqs):
         if step % 2 == 0 and len(seqs) < len(jobs):  # a new request joins every other step
             pr, seed, pn, new = jobs[len(seqs)]
-            seqs.append(ReviseSequence(ours, pr, PARAMS[pn], seed, new, (), 0))
+            seqs.append(SlotState(ours, pr, PARAMS[pn], seed, new, (), 0))
         step_rows(ours, seqs)
         step += 1
     assert [s.final for s in seqs] == solo

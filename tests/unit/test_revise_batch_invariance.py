@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from celeris.engine.families.revise.model import KVCache  # noqa: E402
 from celeris.engine.families.revise.weights import load_gemma  # noqa: E402
 from celeris.engine.families.revise.sampler import ReviseParams  # noqa: E402
-from celeris.engine.families.revise.slots import ReviseSequence, generate, step_rows  # noqa: E402
+from celeris.engine.families.revise.slots import SlotState, generate, step_rows  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import write_checkpoint  # noqa: E402
 
 BATCHES = (2, 3, 5, 8, 13, 24)  # 55 requests, each decoded alone and in one of these batches
@@ -46,7 +46,7 @@ def _jobs(n: int) -> list[tuple[list[int], int, ReviseParams, int]]:
 
 def _batched(model, jobs) -> list[list[int]]:
     """Every request of the batch shares each step until it finishes (at different steps)."""
-    seqs = [ReviseSequence(model, prompt, p, seed, new, (), 0) for prompt, seed, p, new in jobs]
+    seqs = [SlotState(model, prompt, p, seed, new, (), 0) for prompt, seed, p, new in jobs]
     while not all(s.finished for s in seqs):
         step_rows(model, seqs)
     return [s.final for s in seqs]

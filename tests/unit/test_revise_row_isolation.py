@@ -26,7 +26,7 @@ from celeris.engine.errors import InvalidRequest, RowFailed  # noqa: E402
 from celeris.engine.families.revise.model import DiffusionGemma  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
-from celeris.engine.families.revise.slots import ReviseSequence  # noqa: E402
+from celeris.engine.families.revise.slots import SlotState  # noqa: E402
 from celeris.engine.loop.sequence import Sequence  # noqa: E402
 from celeris.engine.structured.constraint import Constraint, Structured  # noqa: E402
 from tests.helpers import stream_beside  # noqa: E402
@@ -107,13 +107,13 @@ def _poisoned_logits(value: float):
 
 
 def _advance_raises(llm: LLM, seq: Sequence, monkeypatch) -> None:
-    advance = ReviseSequence.advance
+    advance = SlotState.advance
 
     def failing(self, logits):
         if self.seed == BAD_SEED and self.steps == 1:  # its second step: mid-canvas
             raise KeyError(SECRET)
         return advance(self, logits)
-    monkeypatch.setattr(ReviseSequence, "advance", failing)
+    monkeypatch.setattr(SlotState, "advance", failing)
 
 
 INJECTIONS: dict[str, tuple[Callable, bool, type, str]] = {

@@ -162,13 +162,13 @@ def test_logprobs_are_each_token_under_the_step_that_committed_its_canvas(llm):
     temperature) at its canvas's last step, with the top alternatives; asking changes no token."""
     import torch
 
-    from celeris.engine.families.revise.slots import ReviseSequence
+    from celeris.engine.families.revise.slots import SlotState
 
     params = replace(_params(llm, "steps", 3, 16), ignore_eos=True, max_denoising_steps=3)
     plain = llm.run([llm.sequence(PROMPTS[1], params)])[0]
     res = llm.run([llm.sequence(PROMPTS[1], replace(params, logprobs=3))])[0]
     assert res.token_ids == plain.token_ids and len(res.logprobs) == 16
-    row = ReviseSequence(llm.model, list(PROMPTS[1]), revise_params(params), 3, 16, (), 0)
+    row = SlotState(llm.model, list(PROMPTS[1]), revise_params(params), 3, 16, (), 0)
     want = []
     while not row.finished:  # the library loop, keeping each canvas's last raw logits
         canvas, sc = row.denoise_input()

@@ -1,6 +1,6 @@
 """Runs one batched step of revising-model requests (DiffusionGemma) over `revise_sequence.step_rows`.
 
-Each slot holds one `ReviseSequence`: its exact KV cache (prompt and committed canvases), its
+Each slot holds one `SlotState`: its exact KV cache (prompt and committed canvases), its
 canvas, self-conditioning logits and its own CPU random stream, seeded as `torch.manual_seed(seed)`
 seeds the global one, so a request decodes the same text alone or batched and the text
 transformers' generate() gives that prompt and seed. A step runs one denoiser forward over every
@@ -24,7 +24,7 @@ from celeris.engine.families.revise.model import DiffusionGemma
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.families.revise.sampler import ReviseParams, StepResult
-from celeris.engine.families.revise.slots import ReviseSequence, RowStep, step_rows
+from celeris.engine.families.revise.slots import SlotState, RowStep, step_rows
 from celeris.engine.sampling.select import token_logprobs
 from celeris.engine.loop.runner_api import RowResult, StepStats, row_logprobs
 
@@ -42,7 +42,7 @@ class ReviseRunner:
         self.slots = config.max_batch
         self.canvas_length = model.cfg.canvas_length
         self.pad_id = model.cfg.pad_token_id
-        self.rows: dict[int, ReviseSequence] = {}  # slot -> the model side of its request
+        self.rows: dict[int, SlotState] = {}  # slot -> the model side of its request
 
     @property
     def forward_overhead_tokens(self) -> int:
@@ -60,7 +60,7 @@ class ReviseRunner:
         """Encode the prompt into a fresh cache and draw the first canvas (the request's first
         random draw)."""
         p = seq.params
-        self.rows[seq.slot] = ReviseSequence(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
+        self.rows[seq.slot] = SlotState(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
                                              p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
                                              constraint=seq.constraint, min_tokens=p.min_tokens)
 
@@ -79,7 +79,7 @@ class ReviseRunner:
         return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,
                                   time.perf_counter() - t0)
 
-    def _row(self, seq: RevisingSequence, row: ReviseSequence, res: RowStep, before: int) -> RowResult:
+    def _row(self, seq: RevisingSequence, row: SlotState, res: RowStep, before: int) -> RowResult:
         """This row's record, or its own error (`step_rows`; or reading its result raised): the step
         loop ends that request alone (`step_loop.apply_row`, which releases its slot and so its
         cache here) and the other rows' records are as without it."""
@@ -90,7 +90,7 @@ class ReviseRunner:
         except Exception as exc:
             return RowResult([], [], [], error=row_error(exc))
 
-    def _result(self, seq: RevisingSequence, row: ReviseSequence, res: Optional[StepResult],
+    def _result(self, seq: RevisingSequence, row: SlotState, res: Optional[StepResult],
                 before: int) -> RowResult:
         """What this step wrote: every position of the canvas it denoised (from offset `before`) whose
         shown token changed, and, when that canvas stopped, all of it (its positions became final)."""

@@ -1,6 +1,6 @@
 """Per-request state of a revising model's request (DiffusionGemma), as the step loop sees it, in
 plain Python; the model side (cache, canvas tensors, random stream) is the runner's
-(`revise_runner.ReviseRunner`, one `revise_sequence.ReviseSequence` per slot).
+(`revise_runner.ReviseRunner`, one `revise_sequence.SlotState` per slot).
 
 The output is whole canvases (`gen_length` is a multiple of the canvas length, as transformers
 writes them): positions of committed canvases are final; every position of the canvas being

@@ -23,7 +23,10 @@ from celeris.engine.structured.constraint import Constraint, unpack
 
 
 @dataclass
-class ReviseSequence:
+class SlotState:
+    """One slot's DiffusionGemma state in the runner: its model, prompt, cache, canvases and stop rule
+    (the request's engine-facing state is `RevisingSequence`, families/revise/sequence.py)."""
+
     model: DiffusionGemma
     prompt: list[int]
     params: ReviseParams
@@ -146,7 +149,7 @@ class ReviseSequence:
 RowStep = Union[StepResult, Exception, None]
 
 
-def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> list[RowStep]:
+def step_rows(model: DiffusionGemma, seqs: list[SlotState]) -> list[RowStep]:
     """One forward for every unfinished request, whatever its canvas and step: each row's step
     result, in order (None for a row that had already finished). Only the forward may fail the
     batch: a row whose own part fails (non-finite logits, its structure's masks or commits, its
@@ -162,7 +165,7 @@ def step_rows(model: DiffusionGemma, seqs: list[ReviseSequence]) -> list[RowStep
     return [out.get(id(s)) for s in seqs]
 
 
-def _advance(seq: ReviseSequence, logits: torch.Tensor, nonfinite: bool) -> Union[StepResult, Exception]:
+def _advance(seq: SlotState, logits: torch.Tensor, nonfinite: bool) -> Union[StepResult, Exception]:
     """One row's step, or the typed error its request alone ends with (errors.row_error: an
     InvalidRequest naming its structured-output field as it is, else RowFailed naming only the
     exception's type). A row with non-finite logits draws nothing (NaN would make its draw raise,
@@ -179,7 +182,7 @@ def _advance(seq: ReviseSequence, logits: torch.Tensor, nonfinite: bool) -> Unio
 def generate(model: DiffusionGemma, prompt: list[int], params: ReviseParams, seed: int, max_new_tokens: int,
              eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> list[int]:
     """The reference loop for one request: what the runner must reproduce step for step."""
-    seq = ReviseSequence(model, prompt, params, seed, max_new_tokens, eos_ids, pad_id)
+    seq = SlotState(model, prompt, params, seed, max_new_tokens, eos_ids, pad_id)
     while not seq.finished:
         canvas, sc = seq.denoise_input()
         seq.advance(model.denoise(canvas, seq.cache, sc)[0])
