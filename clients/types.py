@@ -277,7 +277,8 @@ def _set_tool_choice(req: pb.GenerateRequest, choice: Union[str, Mapping[str, An
     {"name": ...}} (OpenAI's) or {"name": ...}."""
     if isinstance(choice, str):
         if choice not in TOOL_CHOICES:
-            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or {{\"name\": ...}}, got {choice!r}")
+            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or {{\"name\": ...}}, "
+                             f"got {choice!r}")
         req.tool_choice.mode = TOOL_CHOICES[choice]
         return
     name = choice.get("function", choice).get("name") if isinstance(choice, Mapping) else None
