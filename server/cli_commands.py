@@ -180,10 +180,12 @@ def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
     from celeris.server.app import ServerSettings
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
+    from celeris.server.tools_api import check_names
 
     check_api_key(a.api_token)  # before the model loads: a bad setting fails at once
     source = model_from_args(a)  # --device cuda without CUDA: one line; a Hub id: its cached snapshot
     tls_files(a)  # unreadable or half-given TLS files fail before the model loads
+    check_names(a.tool_call_parser, a.reasoning_parser)  # unknown parser names, before the model loads
     apply_model_len(a)  # --max-model-len as the prompt and canvas limits
     allowed_origins = origins(a.allowed_origins)
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
@@ -214,7 +216,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
                               header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                               allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
                               served_model_names=served_names(a.served_model_names, source.repo_id),
-                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile)
+                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile,
+                              tool_call_parser=a.tool_call_parser, reasoning_parser=a.reasoning_parser)
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:
         lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))

@@ -1,6 +1,7 @@
 """vLLM's `serve` flags under vLLM's names and meanings, where Celeris has the same thing:
 `--max-num-seqs` (= --max-batch), `--dtype auto` (the checkpoint's dtype), `--chat-template`,
-`--generation-config`, `--allowed-origins '["*"]'` (vLLM's JSON-list form) and
+`--generation-config`, `--tool-call-parser` / `--reasoning-parser` (and `--enable-auto-tool-choice`,
+accepted: auto tool choice is on whenever a parser is known), `--allowed-origins '["*"]'` (vLLM's JSON-list form) and
 `--ssl-keyfile/--ssl-certfile` (TLS on both doors), `--max-model-len` (prompt + generated tokens,
 mapped onto the prompt and canvas limits) and `--seed` (the seeds of requests that give none are
 drawn from a generator seeded with it). What is left out, and why, is the "coming
@@ -31,6 +32,15 @@ def add_vllm_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-model-len", type=int, default=None, metavar="N",
                     help="most prompt + generated tokens of a request: sets --max-gen-length to at most N/2 and "
                          "--max-prompt-tokens to the rest; at most the model's own limit")
+    ap.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                    help="how tool calls are read from the model's answers (vLLM's names, e.g. hermes; none = off; "
+                         "default: detected from the chat template; docs/tools.md)")
+    ap.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                    help="how a thinking channel is split out as reasoning_content (vLLM's names; none = off; "
+                         "default: detected from the chat template)")
+    ap.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="accepted for vLLM's command lines: tool_choice \"auto\" is on whenever a tool-call "
+                         "parser is known")
     ap.add_argument("--seed", type=int, default=None,
                     help="requests without a seed get theirs from a generator seeded with this, so a restarted "
                          "server answers the same requests in the same order the same way (default: the OS's)")

@@ -17,7 +17,7 @@ import asyncio
 import importlib.util
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
@@ -28,7 +28,7 @@ from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
 from celeris.engine.llm import LLM
 from celeris.engine.loop.scheduler import Scheduler
 from celeris.engine.loop.sequence import Sequence, StepEvent
-from celeris.server import openai_api
+from celeris.server import openai_api, tools_api
 from celeris.server.errors import RequestTimeout, error_body
 from celeris.server.http_body import read_json
 from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
@@ -81,6 +81,9 @@ class HttpGateway:
         self._page = b""
         self._created = int(time.time())
         self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
+        # Tool-call and reasoning parsers: the settings' names, else detected from the chat template.
+        self.parsers = tools_api.resolve(llm.tokenizer.chat_template, getattr(settings, "tool_call_parser", None),
+                                         getattr(settings, "reasoning_parser", None))
 
     @property
     def inflight(self) -> int:
@@ -126,7 +129,7 @@ class HttpGateway:
         tls = tls_context(s.ssl_certfile, s.ssl_keyfile) if getattr(s, "ssl_certfile", None) else None
         await web.SockSite(self._runner, sock, ssl_context=tls).start()
         self.port = sock.getsockname()[1]
-        log.info("http.started", port=self.port)
+        log.info("http.started", port=self.port, **self.parsers.names)
 
     async def stop(self, grace: float) -> None:
         """Refuse new generations (503), give in-flight ones `grace` seconds, then cancel what is
@@ -248,6 +251,8 @@ class HttpGateway:
                 req = None
                 body = await self.read_json(request)
                 req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
+                req = replace(req, structured=tools_api.plan(req.tools, self.parsers, req.structured))
+                reader = tools_api.reader(req.tools, self.parsers) if chat else None
                 reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
                 responders: list[Responder] = []
@@ -258,7 +263,8 @@ class HttpGateway:
                     k = len(responders)
                     rid = responders[0].request_id if responders else seq.request_id
                     responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
-                                                echo=self._echo(req, k), provisional=req.params.provisional))
+                                                echo=self._echo(req, k), provisional=req.params.provisional,
+                                                reader=reader))
                     if not req.stream:
                         return None
                     return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")

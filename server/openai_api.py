@@ -9,9 +9,10 @@ remasking, and `diffusing` (stream snapshots: true or "delta" sends only the cha
 "full" the whole canvas every step); `top_k`, `top_p`, `min_p`, `stop_token_ids`, `min_tokens`,
 `ignore_eos` as in vLLM; `stop`, `logprobs` / `top_logprobs`, `frequency_penalty` and
 `presence_penalty` as OpenAI. OpenAI parameters this server cannot honour (repetition_penalty,
-logit_bias, tools, best_of, suffix) and unknown keys are a 400 naming the field
+logit_bias, best_of, suffix) and unknown keys are a 400 naming the field
 unless they carry their neutral value. `response_format` (json_object, json_schema) and vLLM's
-`structured_outputs` (json, regex, choice) are read by server/structured_api.py.
+`structured_outputs` (json, regex, choice) are read by server/structured_api.py; `tools`,
+`tool_choice`, `parallel_tool_calls` and the tool messages of a chat history by server/tools_api.py.
 
 Only the mapping lives here: JSON types and OpenAI names. Every value is validated once, by the
 engine's request builder (`LLM.build`), as for gRPC; errors go through the one table in
@@ -33,6 +34,8 @@ from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
 from celeris.engine.structured.constraint import Structured
 from celeris.server.errors import ModelNotFound, error_body, to_openai
 from celeris.server.structured_api import FIELDS as STRUCTURED_FIELDS, from_body as structured_from_body
+from celeris.server import tools_api
+from celeris.server.tools_api import ToolRequest
 
 # Knob body fields by kind, from the knob table (engine/sampling/knobs.py), plus the OpenAI fields that
 # are not knobs. Enum knobs travel as strings and are checked by the engine.
@@ -44,16 +47,15 @@ BOOLS = tuple(k.http for k in on("http", BOOL))
 # Each maps to the values that ask for nothing (what a client sends when it leaves the knob alone).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (1,), "suffix": ("",), "repetition_penalty": (1,), "logit_bias": ({},),
-    "tools": ([],),
-    "functions": ([],), "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
 }
-# Known fields that change nothing here: metadata and tool settings that only matter with tools.
+# Known fields that change nothing here (metadata).
 # stream_options: include_usage adds OpenAI's usage-only last chunk (usage also rides the last choice chunk).
-ACCEPTED = ("model", "user", "stream_options", "metadata", "store", "parallel_tool_calls")
+ACCEPTED = ("model", "user", "stream_options", "metadata", "store")
+TOOL_FIELDS = (*tools_api.CHAT_ONLY, *tools_api.DEPRECATED)  # read by server/tools_api.py
 OPENAI_KNOBS = ("max_tokens", "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "stop")
 EXTENSIONS = (*(k.http for k in on("http") if k.http not in OPENAI_KNOBS), "diffusing", "cache_salt")
 COMMON = (*OPENAI_KNOBS, "stream", "n", "echo", "logprobs", "top_logprobs", *ACCEPTED, *EXTENSIONS, *UNSUPPORTED,
-          *STRUCTURED_FIELDS)
+          *STRUCTURED_FIELDS, *TOOL_FIELDS)
 FIELDS = {False: frozenset(("prompt", *COMMON)), True: frozenset(("messages", "max_completion_tokens", *COMMON))}
 SEED_TEXT = re.compile(r"-?[0-9]{1,20}")
 DIFFUSING_FORMATS = ("delta", "full")  # `diffusing` as a string: the stream format; true is "delta"
@@ -76,6 +78,7 @@ class GatewayRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with empty choices and the usage
     structured: Optional[Structured] = None  # response_format / structured_outputs (server/structured_api.py)
     cache_salt: Optional[str] = None  # vLLM's: the prefix cache's tenant (docs/prefix-cache.md)
+    tools: Optional[ToolRequest] = None  # chat tools, tool_choice, parallel_tool_calls (server/tools_api.py)
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -194,14 +197,14 @@ def _messages(body: dict, v: list[FieldViolation]) -> list[dict]:
         v.append(FieldViolation("messages", "must be a non-empty list of {role, content} objects"))
         return []
     out = []
-    for m in msgs:
+    for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             out.append({"role": None, "content": None})
             continue
-        content = m.get("content")
+        content = m.get("content")  # null beside an assistant's tool_calls
         role = "system" if m.get("role") == "developer" else m.get("role")  # OpenAI's newer name for it
-        out.append({"role": role, "content": "" if content is None else _content(content)})
-    return out
+        out.append(tools_api.message(i, m, "" if content is None else _content(content), role, v))
+    return tools_api.name_results(out)
 
 
 def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
@@ -211,8 +214,9 @@ def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
     numbered, out = len(req.prompts) * req.n > 1, []
     for i, prompt in enumerate(req.prompts):
         if req.chat:
+            tools = req.tools.template_tools() if req.tools is not None else None
             one = Request(messages=req.messages, params=req.params, request_id=request_id,
-                          structured=req.structured, cache_salt=req.cache_salt)
+                          structured=req.structured, cache_salt=req.cache_salt, **({"tools": tools} if tools else {}))
         elif isinstance(prompt, str):
             one = Request(prompt=prompt, params=req.params, request_id=request_id,
                           structured=req.structured, cache_salt=req.cache_salt)
@@ -273,6 +277,8 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     messages = _messages(body, v) if chat else None
     prompts = [""] if chat else _prompts(body, v)
     structured = structured_from_body(body, v)
+    tools = tools_api.from_body(body, chat, v)
+    tools_api.check_structured(tools, structured, body, v)
     n = x.get("n", 1)
     if not 1 <= n <= MAX_CHOICES or len(prompts) * n > MAX_CHOICES:
         v.append(FieldViolation("n", f"prompts x n must be in [1, {MAX_CHOICES}], got {len(prompts)} x {n}"))
@@ -306,7 +312,7 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     diffusing = body.get("diffusing")
     return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
                           length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta",
-                          _include_usage(body), structured, body.get("cache_salt"))
+                          _include_usage(body), structured, body.get("cache_salt"), tools)
 
 
 def _include_usage(body: dict) -> bool:

@@ -26,6 +26,11 @@ Streaming has two modes:
 Plain streaming sends only final text in every family: a finished block, or a revising model's
 stopped canvas, is final; the canvas a revising model is still denoising is never sent.
 
+A chat answer read by parsers (a request with tools, or a server with a reasoning parser:
+server/tool_answers.py) is read whole once the canvas stops: `message.tool_calls`,
+`reasoning_content` and the content left over; streamed, its pieces come as OpenAI deltas at the
+end (plain), or on the last event beside the final snapshot (diffusing).
+
 Stream events are built by `Responder.stream_formatter`, which the gateway hands to the scheduler:
 it runs in the step worker thread (once per step per choice) and returns finished SSE bytes.
 """
@@ -39,6 +44,8 @@ from typing import Any, Callable, Optional
 from celeris.engine.detok import CanvasDeltas
 from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.server import tool_answers
+from celeris.server.tool_answers import AnswerReader
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
 
@@ -101,8 +108,10 @@ class Responder:
     """Builds the bodies of one request: ids, model name and creation time are shared by all."""
 
     def __init__(self, chat: bool, request_id: str, model: str, tok: Tokenizer, stops: tuple[str, ...] = (),
-                 index: int = 0, echo: str = "", provisional: bool = False):
+                 index: int = 0, echo: str = "", provisional: bool = False, reader: Optional[AnswerReader] = None):
         self.chat, self.model, self.tok, self.request_id = chat, model, tok, request_id
+        # Chat answers read by parsers (tools, reasoning): their standard fields come whole at the end.
+        self.reader = reader if chat and reader is not None and (reader.tool or reader.reasoning) else None
         self.usage: Optional[dict[str, Any]] = None  # set with the last chunk (stream_options.include_usage)
         self.provisional = provisional  # delta diffusing events carry the block's predictions
         self.index, self.echo = index, echo  # the choice this responder builds; completions' echoed prompt
@@ -153,10 +162,38 @@ class Responder:
     def final(self, ev: StepEvent) -> dict[str, Any]:
         """The non-streaming response."""
         text = self.echo + self.tok.decode_cut(ev.generated, ev.stop_text)
-        body = self._envelope([self._choice(text, self._finish(ev), chunk=False, logprobs=self.logprobs(ev))],
-                              chunk=False)
+        choice = self._choice(text, self._finish(ev), chunk=False, logprobs=self.logprobs(ev))
+        if self.reader is not None:  # reasoning split out, tool calls parsed
+            answer = self._answer(ev)
+            choice |= {"message": tool_answers.message(answer, self.reader),
+                       "finish_reason": tool_answers.finish_reason(answer, choice["finish_reason"])}
+        body = self._envelope([choice], chunk=False)
         return body | {"usage": usage(ev), "celeris": {"seed": seed_text(ev.seed), "steps": ev.steps,
                                                       "kv_cache": ev.kv_cache}}
+
+    def _answer(self, ev: StepEvent) -> tool_answers.Answer:
+        """The finished answer read by the parsers: its text with the chat format's markers kept
+        (a tool-call or channel marker may be a special token), cut where a stop string begins."""
+        text = self.tok.decode_markup(ev.generated)
+        stop = ev.stop_text
+        return self.reader.read(text[:text.find(stop)] if stop and stop in text else text, self.request_id, self.index)
+
+    def answer_chunks(self, ev: StepEvent) -> Optional[list[dict[str, Any]]]:
+        """Plain streaming of a parsed answer: nothing until the canvas stops (the answer is read
+        whole), then its reasoning, content and tool calls as OpenAI deltas, and a last chunk with
+        the finish reason, logprobs and usage."""
+        if not ev.finished:
+            return None
+        answer = self._answer(ev)
+        out = []
+        for delta in tool_answers.deltas(answer):
+            if self.first:
+                delta, self.first = {"role": "assistant", **delta}, False
+            out.append(self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                                      chunk=True))
+        last = self._chunk("", ev)
+        last["choices"][0]["finish_reason"] = tool_answers.finish_reason(answer, last["choices"][0]["finish_reason"])
+        return out + [last]
 
     def _finish(self, ev: StepEvent) -> Optional[str]:
         return FINISH[ev.finish_reason or FinishReason.LENGTH] if ev.finished else None
@@ -199,6 +236,16 @@ class Responder:
                  "committed": len(new), "done": ev.finished, "final_positions": ev.settled, "tokens": cells}
         if ev.finished:
             extra |= {"seed": seed_text(ev.seed), "kv_cache": ev.kv_cache}
+        if ev.finished and self.reader is not None:  # the last event: the answer's standard fields, read
+            answer = self._answer(ev)
+            chunk = self._chunk(answer.content or "", ev, extra)
+            delta = chunk["choices"][0]["delta"]
+            if answer.reasoning is not None:
+                delta["reasoning_content"] = answer.reasoning
+            if answer.calls:
+                delta["tool_calls"] = [{"index": k, **c.openai()} for k, c in enumerate(answer.calls)]
+            chunk["choices"][0]["finish_reason"] = tool_answers.finish_reason(answer, chunk["choices"][0]["finish_reason"])
+            return chunk
         return self._chunk(text, ev, extra)
 
     def diffusing_delta(self, ev: StepEvent) -> dict[str, Any]:
@@ -235,9 +282,12 @@ class Responder:
     def stream_formatter(self, diffusing: str = "") -> Callable[[StepEvent], Optional[bytes]]:
         """The event -> SSE bytes function for one choice ("" plain, "delta" or "full" diffusing),
         run by the step worker so the event loop only writes bytes."""
-        build = {"": self.plain_chunk, "full": self.diffusing_chunk, "delta": self.diffusing_delta}[diffusing]
+        plain = self.answer_chunks if self.reader is not None else self.plain_chunk
+        build = {"": plain, "full": self.diffusing_chunk, "delta": self.diffusing_delta}[diffusing]
 
         def fmt(ev: StepEvent) -> Optional[bytes]:
             chunk = build(ev)
+            if isinstance(chunk, list):  # several chunks from one event: one write
+                return b"".join(sse(c) for c in chunk)
             return None if chunk is None else sse(chunk)
         return fmt

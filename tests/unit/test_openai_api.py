@@ -167,7 +167,10 @@ def test_one_error_table_serves_both_doors():
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, True,
      "response_format.type"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, True, "top_logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, True, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, True, "tools[0].function"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, True, "functions"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, False, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, True, "tool_choice"),
     ({"prompt": "x", "temprature": 0.5}, False, "temprature"),  # a typo is named, not ignored
     ({"prompt": "x", "guided_json": {}}, False, "guided_json"),
     ({"prompt": "x", "max_completion_tokens": 8}, False, "max_completion_tokens"),  # a chat field
