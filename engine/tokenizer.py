@@ -254,13 +254,15 @@ class Tokenizer:
 
     @functools.cached_property
     def _markers(self) -> tuple[str, ...]:
-        return tuple(self.special_markers)
+        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
 
     @functools.cached_property
     def special_markers(self) -> dict[str, int]:
-        """Text -> id of every special added token (a chat format's markers among them): what a
-        tool-call grammar writes as token references (engine/agents/parsers.py `literal`)."""
-        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        """Text -> id of every added token (a chat format's markers among them, e.g. Qwen's
+        `<tool_call>`, Gemma 4's `<|tool_call>`): llguidance treats each as a special token that no
+        text literal matches, so a tool-call grammar writes them as token references
+        (engine/agents/parsers.py `literal`)."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
 
     def decode_markup(self, ids: Iterable[int]) -> str:
         """Text of generated ids keeping the special tokens a chat format writes (tool-call and

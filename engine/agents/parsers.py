@@ -121,6 +121,9 @@ class ToolParser:
 
 
 class HermesParser(ToolParser):
+    """Enforced arguments are written with ", " and ": " as the templates' `tojson` writes them
+    (what the model saw in its history), no other whitespace."""
+
     name = "hermes"
     _call = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -133,7 +136,7 @@ class HermesParser(ToolParser):
     def _syntax(self, tool: Tool, rule: str, lit: Callable[[str], str]) -> tuple[str, list[str]]:
         head = lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')
         return f"{head} args_{rule} {lit(chr(125) + chr(10) + '</tool_call>')}", \
-            [f"args_{rule}: %json {json.dumps(args_schema(tool.parameters))}"]
+            [f"args_{rule}: %json {json.dumps(args_schema(tool.parameters, (', ', ': ')))}"]
 
 
 def _json_call(body: str) -> Optional[tuple[str, dict]]:

@@ -149,11 +149,13 @@ def check_parameters(params: object, field: str) -> dict:
     return schema
 
 
-def args_schema(schema: dict) -> dict:
+def args_schema(schema: dict, separators: tuple[str, str] = (",", ":")) -> dict:
     """The schema as enforcement compiles it: the client's own x-guidance (if any) overridden by
-    the structured-outputs options, so nothing a client sends relaxes what is served."""
+    the structured-outputs options, so nothing a client sends relaxes what is served;
+    `separators` (item, key) as the family's template writes arguments (`tojson`: ", ", ": ")."""
     own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
-    return {**schema, "x-guidance": {**own, **OPTIONS}}
+    item, key = separators
+    return {**schema, "x-guidance": {**own, **OPTIONS, "item_separator": item, "key_separator": key}}
 
 
 _problems: dict[str, str] = {}

@@ -107,10 +107,10 @@ def test_the_enforcing_grammar_is_the_format_around_valid_arguments(tiny, name):
     parser = TOOL_PARSERS[name]
     ll = llguidance.LLTokenizer(tiny.tokenizer.to_json(), n_vocab=tiny.tokenizer.vocab_size, eos_token=2)
     tools = parse_tools(TOOLS)
-    def compact(fn: str, args: dict) -> str:  # enforcement writes the arguments compactly
+    def compact(fn: str, args: dict) -> str:  # as enforcement writes arguments: tojson's separators
         if name == "gemma":
             return parser.render(fn, args)
-        return f'<tool_call>\n{{"name": "{fn}", "arguments": {json.dumps(args, separators=(",", ":"))}}}\n</tool_call>'
+        return f'<tool_call>\n{{"name": "{fn}", "arguments": {json.dumps(args)}}}\n</tool_call>'
 
     one, two = compact("get_weather", {"city": "Oslo"}), compact("rate", {"score": 1})
     required = parser.grammar(tools, ToolChoice("required"), parallel=True)
