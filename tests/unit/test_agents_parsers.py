@@ -167,3 +167,23 @@ def test_markers_that_are_special_tokens_are_matched_as_tokens(tiny):
         m = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
         assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) == ok
     assert gemma.extract(text)[1][0].arguments == '{"s": "hi"}'
+
+
+def test_an_added_marker_that_is_not_special_is_matched_as_its_token(tiny):
+    """Qwen's `<tool_call>` is an added token marked special=False: llguidance still deems it special,
+    so the hermes grammar references it (Tokenizer.special_markers lists every added token)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_str(tiny.tokenizer.to_json())
+    hf.add_tokens([AddedToken(m, special=False) for m in ("<tool_call>", "</tool_call>")])
+    tok = Tokenizer(hf, tiny.model_config, {})
+    assert tok.special_markers["<tool_call>"] == hf.token_to_id("<tool_call>") and "<tool_call>" not in tok._markers
+    ll = llguidance.LLTokenizer(hf.to_str(), n_vocab=hf.get_vocab_size(), eos_token=2)
+    tools = parse_tools([{"type": "function", "function": {"name": "f"}}])
+    hermes = TOOL_PARSERS["hermes"]
+    ids = hf.encode(hermes.render("f", {}), add_special_tokens=False).ids
+    assert ids[0] == hf.token_to_id("<tool_call>")
+    grammar = hermes.grammar(tools, ToolChoice("function", "f"), False, tok.special_markers)
+    m = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
