@@ -28,6 +28,7 @@ from celeris.server.health import MAX_WATCHES, MAX_WATCHES_PER_CLIENT, Health
 from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
 from celeris.server.lifecycle import Lifecycle
 from celeris.server.servicer import GenerationServicer
+from celeris.server.tools_api import resolve
 from celeris.server.telemetry import Telemetry
 
 log = structlog.get_logger("celeris")
@@ -136,7 +137,9 @@ class CelerisServer:
         interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0]), self.grpc)
+            GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0],
+                               resolve(self.llm.tokenizer.chat_template, s.tool_call_parser, s.reasoning_parser)),
+            self.grpc)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.grpc)

@@ -5,13 +5,20 @@ scheduler (Scheduler.submit): it runs in the scheduler's formatter thread, once 
 event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
 messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `detok.CanvasDelta`,
 the record the engine builds for both doors.
+
+Tools (GenerateRequest.tools, tool_choice, parallel_tool_calls and the tool turns of a chat) are
+put in OpenAI's shapes and read by the HTTP door's own rules (server/tools_api.py), so both doors
+accept, enforce and refuse the same requests; a refusal is named by its proto field path. The
+last message's tool_calls, reasoning and content come from the same reader (server/tool_answers.py).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -23,7 +30,10 @@ from celeris.engine.llm import Request
 from celeris.engine.sampling.params import SamplingParams, fit_lengths
 from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.server import tool_answers, tools_api
 from celeris.server.structured_api import from_fields
+from celeris.server.tool_answers import AnswerReader
+from celeris.server.tools_api import Parsers, ToolRequest
 
 REMASKING_TO_ENGINE = {
     pb.REMASKING_LOW_CONFIDENCE: "low_confidence",
@@ -45,6 +55,9 @@ FINISH_TO_PB = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
     FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
 }
+TOOL_CHOICE_TO_OPENAI = {pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_AUTO: "auto",
+                         pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat prompts only
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,15 @@ class StreamPlan:
 
 # Engine field names -> the GenerateRequest field paths a client sees in BadRequest.
 PROTO_FIELDS = {"messages": "chat.messages", "token_ids": "token_ids.ids"}
+# OpenAI's {"function": {...}} level, which Tool, ToolChoice and ToolCall do not have.
+FUNCTION_LEVEL = re.compile(r"^(tools\[\d+\]|tool_choice|messages\[\d+\]\.tool_calls\[\d+\])\.function(?=\.|$)")
 
 
 def proto_violations(exc: InvalidRequest) -> InvalidRequest:
-    """The same violations, named by GenerateRequest field paths (messages[0] -> chat.messages[0])."""
+    """The same violations, named by GenerateRequest field paths (messages[0] -> chat.messages[0],
+    tools[0].function.parameters -> tools[0].parameters)."""
     def path(field: str) -> str:
+        field = FUNCTION_LEVEL.sub(r"\1", field)
         head, bracket, rest = field.partition("[")
         return PROTO_FIELDS.get(head, head) + bracket + rest
 
@@ -84,27 +101,116 @@ def proto_violations(exc: InvalidRequest) -> InvalidRequest:
 MAX_CHOICES = 16
 
 
-def engine_requests(req: pb.GenerateRequest, defaults: SamplingParams) -> list[Request]:
+NO_PARSERS = Parsers()
+_READ = object()  # engine_request's `tools` default: read them from the request
+
+
+def engine_requests(req: pb.GenerateRequest, defaults: SamplingParams, parsers: Parsers = NO_PARSERS,
+                    tools: Any = _READ) -> list[Request]:
     """One engine request per sample (GenerateRequest.n): sample j with seed + j when seeded;
     ids get a -j suffix when a client id covers several samples."""
     n = req.n if req.HasField("n") else 1
     if not 1 <= n <= MAX_CHOICES:
         raise InvalidRequest([FieldViolation("n", f"must be in [1, {MAX_CHOICES}], got {n}")])
-    return engine_request(req, defaults).samples(n, numbered=n > 1)
+    return engine_request(req, defaults, parsers, tools).samples(n, numbered=n > 1)
 
 
-def engine_request(req: pb.GenerateRequest, defaults: SamplingParams) -> Request:
-    """The engine request; every value is checked once, by LLM.build (unknown enum values too)."""
+def engine_request(req: pb.GenerateRequest, defaults: SamplingParams, parsers: Parsers = NO_PARSERS,
+                   tools: Any = _READ) -> Request:
+    """The engine request; every value is checked once, by LLM.build (unknown enum values too).
+    `tools`: what tool_request(req) returned, when the caller has read them already; `parsers`:
+    the server's (a tools request needs a tool-call parser)."""
     which = req.WhichOneof("input")
     prompt = req.prompt if which == "prompt" else None
     token_ids = list(req.token_ids.ids) if which == "token_ids" else None
-    messages = [{"role": m.role, "content": m.content} for m in req.chat.messages] if which == "chat" else None
+    tools = tool_request(req) if tools is _READ else tools
+    messages = chat_messages(req) if which == "chat" else None
     kind = req.structured_output.WhichOneof("kind") if req.HasField("structured_output") else None
     value = getattr(req.structured_output, kind) if kind else None
     structured = from_fields(kind, value.values if kind == "choice" else value) if kind else None
+    if tools is not None and tools.enforced and structured is not None:  # as tools_api.check_structured
+        raise InvalidRequest([FieldViolation("tool_choice", "TOOL_CHOICE_MODE_REQUIRED / _FUNCTION decode the call "
+                                                            "under the function's schema; they cannot be combined "
+                                                            "with structured_output")])
+    structured = tools_api.plan(tools, parsers, structured)  # "required" / named: the parser's enforced call
+    extra = {"tools": tools.template_tools()} if tools is not None and tools.tools else {}
     return Request(prompt=prompt, token_ids=token_ids, messages=messages, params=sampling_params(req, defaults),
                    request_id=req.request_id, structured=structured,
-                   cache_salt=req.cache_salt if req.HasField("cache_salt") else None)
+                   cache_salt=req.cache_salt if req.HasField("cache_salt") else None, **extra)
+
+
+def chat_messages(req: pb.GenerateRequest) -> list[dict]:
+    """The conversation as the engine takes it (an assistant's tool_calls, a tool result's
+    tool_call_id and name), each turn read by the HTTP door's rule (tools_api.message)."""
+    v: list[FieldViolation] = []
+    out = []
+    for i, m in enumerate(req.chat.messages):
+        given: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            given["tool_calls"] = [{"id": c.id, "type": "function",
+                                    "function": {"name": c.name, "arguments": c.arguments or "{}"}}
+                                   for c in m.tool_calls]
+        if m.tool_call_id or m.role == "tool":
+            given["tool_call_id"] = m.tool_call_id
+        if m.name:
+            given["name"] = m.name
+        out.append(tools_api.message(i, given, m.content, m.role, v))
+    if v:
+        raise InvalidRequest(v)
+    return out
+
+
+def tool_request(req: pb.GenerateRequest) -> Optional[ToolRequest]:
+    """GenerateRequest.tools, tool_choice and parallel_tool_calls, read by the HTTP door's rules
+    (tools_api.from_body over their OpenAI shapes); None: no tools. Chat prompts only."""
+    given = [name for name, on in (("tools", len(req.tools) > 0), ("tool_choice", req.HasField("tool_choice")),
+                                   ("parallel_tool_calls", req.HasField("parallel_tool_calls"))) if on]
+    if not given:
+        return None
+    if req.WhichOneof("input") != "chat":
+        raise InvalidRequest([FieldViolation(name, "only with a chat prompt (GenerateRequest.chat)") for name in given])
+    v: list[FieldViolation] = []
+    body: dict[str, Any] = {"tools": [_openai_tool(i, t, v) for i, t in enumerate(req.tools)]}
+    if req.HasField("tool_choice"):
+        body["tool_choice"] = _openai_choice(req.tool_choice, v)
+    if req.HasField("parallel_tool_calls"):
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    if v:
+        raise InvalidRequest(v)
+    tools = tools_api.from_body(body, True, v)
+    if v:
+        raise InvalidRequest(v)
+    return tools
+
+
+def _openai_tool(i: int, t: pb.Tool, v: list[FieldViolation]) -> dict:
+    params = None
+    if t.parameters.strip():
+        try:
+            params = json.loads(t.parameters)
+        except ValueError as e:
+            v.append(FieldViolation(f"tools[{i}].parameters", f"must be JSON text of a schema object: {e}"))
+    fn = {"name": t.name, "description": t.description, "strict": t.strict}
+    return {"type": "function", "function": fn | ({"parameters": params} if params is not None else {})}
+
+
+def _openai_choice(c: pb.ToolChoice, v: list[FieldViolation]) -> Any:
+    if c.mode == pb.TOOL_CHOICE_MODE_FUNCTION:
+        return {"type": "function", "function": {"name": c.name}}
+    if c.name:
+        v.append(FieldViolation("tool_choice.name", "only with TOOL_CHOICE_MODE_FUNCTION"))
+    if c.mode not in (pb.TOOL_CHOICE_MODE_UNSPECIFIED, *TOOL_CHOICE_TO_OPENAI):
+        v.append(FieldViolation("tool_choice.mode", f"unknown enum value {c.mode}"))
+    return TOOL_CHOICE_TO_OPENAI.get(c.mode)
+
+
+def answer_reader(req: pb.GenerateRequest, tools: Optional[ToolRequest], parsers: Parsers) -> Optional[AnswerReader]:
+    """How a request's answers are read (None: not read, `text` is the answer): chat prompts whose
+    tools are parsed, or any chat prompt when this server has a reasoning parser."""
+    if req.WhichOneof("input") != "chat":
+        return None
+    reader = tools_api.reader(tools, parsers)
+    return reader if reader.tool is not None or reader.reasoning is not None else None
 
 
 def _enum(value: int, table: dict[int, str], unspecified: int = 0) -> Optional[str]:
@@ -169,8 +275,19 @@ def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.G
         final_positions=ev.settled, revising=ev.revising)
 
 
-def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer) -> pb.GenerateResponse:
-    msg.finish_reason = FINISH_TO_PB[ev.finish_reason or FinishReason.LENGTH]
+def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer,
+             reader: Optional[AnswerReader] = None, choice: int = 0) -> pb.GenerateResponse:
+    finish = ev.finish_reason or FinishReason.LENGTH
+    msg.finish_reason = FINISH_TO_PB[finish]
+    if reader is not None:  # the final text read as the HTTP door reads it: reasoning, content, calls
+        answer = reader.read(tok.decode_cut(ev.generated, ev.stop_text), ev.request_id, choice)
+        msg.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in answer.calls)
+        if answer.reasoning is not None:
+            msg.reasoning = answer.reasoning
+        if answer.content is not None:
+            msg.content = answer.content
+        if tool_answers.finish_reason(answer, finish.value) == "tool_calls":
+            msg.finish_reason = pb.FINISH_REASON_TOOL_CALLS
     msg.seed = ev.seed
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
                                 forward_passes=ev.forward_passes, cached_tokens=ev.cached_tokens))
@@ -211,6 +328,7 @@ class ChoiceFormatter:
     deltas: Optional[CanvasDeltas] = None
     first: bool = True
     lengths: tuple[int, int] = (0, 0)  # (gen_length, block_length)
+    reader: Optional[AnswerReader] = None  # reads the final text (tool calls, reasoning); None: not read
 
     def __post_init__(self) -> None:
         self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
@@ -231,7 +349,7 @@ class ChoiceFormatter:
                 msg.layout.CopyFrom(self.layout(ev))
         self.first = False
         if ev.finished:
-            finalize(msg, ev, time.perf_counter() - self.t0, self.tok)
+            finalize(msg, ev, time.perf_counter() - self.t0, self.tok, self.reader, self.choice)
         return msg
 
     def layout(self, ev: StepEvent) -> pb.CanvasLayout:

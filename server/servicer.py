@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import grpc
 
@@ -14,6 +14,7 @@ from celeris.engine.llm import LLM
 from celeris.server import convert
 from celeris.server.errors import abort
 from celeris.server.lifecycle import Lifecycle, merged_events, structure_path
+from celeris.server.tools_api import Parsers, resolve
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -23,9 +24,12 @@ def _carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, llm: LLM, lifecycle: Lifecycle, served_name: str = ""):
+    def __init__(self, llm: LLM, lifecycle: Lifecycle, served_name: str = "", parsers: Optional[Parsers] = None):
         self.llm, self.lifecycle = llm, lifecycle
         self.served_name = served_name or llm.name  # --served-model-name, else the model's own
+        # Tool-call and reasoning parsers (--tool-call-parser / --reasoning-parser, else detected from
+        # the chat template): the HTTP gateway's, resolved the same way when none are handed in.
+        self.parsers = parsers if parsers is not None else resolve(llm.tokenizer.chat_template)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
@@ -35,9 +39,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             try:
                 plan = convert.stream_plan(request)
-                reqs = convert.engine_requests(request, self.llm.defaults)
+                tools = convert.tool_request(request)
+                reqs = convert.engine_requests(request, self.llm.defaults, self.parsers, tools)
+                reader = convert.answer_reader(request, tools, self.parsers)  # tool calls, reasoning
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
-                formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k)
+                formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k, reader=reader)
                               for k in range(len(reqs))]  # messages are built off the loop
                 streams = await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
                 if (path := structure_path(streams[0].seq)):  # as HTTP's x-celeris-structure-path header
