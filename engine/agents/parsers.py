@@ -53,6 +53,7 @@ class ToolParser:
 
     name = ""
     separator = "\n"  # between parallel calls
+    preamble = ""  # text an enforced generation may start with before its calls
     _call: re.Pattern
 
     def extract(self, text: str, names: Optional[set] = None) -> tuple[str, list[ToolCall]]:
@@ -108,6 +109,8 @@ class ToolParser:
         many = parallel and choice.mode == "required"
         sep = f"{lit(self.separator)} " if self.separator else ""
         start = f"call ({sep}call)*" if many else "call"
+        if self.preamble:  # e.g. Gemma's empty thinking channel, written even with thinking off
+            start = f"({lit(self.preamble)})? {start}"
         return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *lines])
 
     def enforced(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
@@ -180,6 +183,7 @@ class LLaDA2Parser(HermesParser):
 class GemmaParser(ToolParser):
     name = "gemma"
     separator = ""  # Gemma 4 writes calls back to back
+    preamble = "<|channel>thought\n<channel|>"  # the empty thinking channel (reasoning.py splits it off)
     _call = re.compile(r"<\|tool_call>call:([a-zA-Z0-9_-]{1,64})(.*?)<tool_call\|>", re.DOTALL)
 
     def _read(self, m: re.Match) -> Optional[tuple[str, dict]]:

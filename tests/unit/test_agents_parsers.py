@@ -122,6 +122,9 @@ def test_the_enforcing_grammar_is_the_format_around_valid_arguments(tiny, name):
     for bad in [{"city": 3}, {"units": "celsius"}, {"city": "x", "units": "kelvin"}]:
         assert not _accepts(ll, required, compact("get_weather", bad)), bad
     assert not _accepts(ll, required, "Sure! " + one)
+    if name == "gemma":  # DiffusionGemma writes an empty thinking channel even with thinking off
+        assert _accepts(ll, named, "<|channel>thought\n<channel|>" + two)
+        assert not _accepts(ll, named, "<|channel>thought\nhmm<channel|>" + two)
     spec = parser.enforced(tools, ToolChoice("function", "rate"), False)
     assert spec.kind == GRAMMAR and spec.field == "tools[13].function.parameters"
     assert parser.enforced(tools, ToolChoice("required"), True).field == "tools"
