@@ -134,7 +134,8 @@ class HermesParser(ToolParser):
         return _json_call(m.group(1))
 
     def render(self, name: str, arguments: dict) -> str:
-        return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+        args = json.dumps(arguments, ensure_ascii=False)
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
 
     def _syntax(self, tool: Tool, rule: str, lit: Callable[[str], str]) -> tuple[str, list[str]]:
         head = lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')

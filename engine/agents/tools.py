@@ -103,7 +103,8 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
         if desc is None:
             desc = ""
         if not isinstance(desc, str) or len(desc) > MAX_DESCRIPTION_CHARS:
-            v.append(FieldViolation(f"{f}.function.description", f"a string of at most {MAX_DESCRIPTION_CHARS} characters"))
+            v.append(FieldViolation(f"{f}.function.description",
+                                    f"a string of at most {MAX_DESCRIPTION_CHARS} characters"))
         strict = fn.get("strict", False)
         if strict is not None and not isinstance(strict, bool):
             v.append(FieldViolation(f"{f}.function.strict", "must be a boolean"))
