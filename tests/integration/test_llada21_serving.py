@@ -26,7 +26,10 @@ PROMPTS = [[17, 301, 45], [88, 5, 640, 31, 77, 402, 15, 9], [12, 33, 999, 4, 58,
 @pytest.fixture(scope="module")
 def llada21(tmp_path_factory):
     folder = write_llada21_checkpoint(tmp_path_factory.mktemp("llada21"), seed=3)
-    return folder, LLM.load(folder, EngineConfig(max_batch=8, max_queue=16, max_prompt_tokens=64, max_gen_length=64))
+    # No prefix cache: the delta test sends one prompt twice, and a second request that found the
+    # first one's prompt blocks would skip the prefill step its full-stream twin showed.
+    return folder, LLM.load(folder, EngineConfig(max_batch=8, max_queue=16, max_prompt_tokens=64, max_gen_length=64,
+                                                 prefix_cache_bytes=0))
 
 
 def request(prompt: list[int], **kw) -> pb.GenerateRequest:
