@@ -280,7 +280,7 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
     finish = ev.finish_reason or FinishReason.LENGTH
     msg.finish_reason = FINISH_TO_PB[finish]
     if reader is not None:  # the final text read as the HTTP door reads it: reasoning, content, calls
-        answer = reader.read(tok.decode_cut(ev.generated, ev.stop_text), ev.request_id, choice)
+        answer = reader.read(tool_answers.answer_text(tok, ev.generated, ev.stop_text), ev.request_id, choice)
         msg.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in answer.calls)
         if answer.reasoning is not None:
             msg.reasoning = answer.reasoning

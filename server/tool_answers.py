@@ -46,6 +46,14 @@ def call_id(request_id: str, choice: int, k: int) -> str:
     return "call_" + hashlib.sha256(f"{request_id}\0{choice}\0{k}".encode()).hexdigest()[:24]
 
 
+def answer_text(tok: Any, generated: Any, stop_text: str = "") -> str:
+    """The finished answer as the parsers read it, on both doors: its text with the chat format's
+    markers kept (a tool-call or channel marker may be a special token), cut where a stop string
+    begins."""
+    text = tok.decode_markup(generated)
+    return text[:text.find(stop_text)] if stop_text and stop_text in text else text
+
+
 @dataclass(frozen=True)
 class AnswerReader:
     """How one request's answers are read: its parsers (None: off) and parallel_tool_calls."""
