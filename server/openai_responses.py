@@ -174,9 +174,8 @@ class Responder:
     def _answer(self, ev: StepEvent) -> tool_answers.Answer:
         """The finished answer read by the parsers: its text with the chat format's markers kept
         (a tool-call or channel marker may be a special token), cut where a stop string begins."""
-        text = self.tok.decode_markup(ev.generated)
-        stop = ev.stop_text
-        return self.reader.read(text[:text.find(stop)] if stop and stop in text else text, self.request_id, self.index)
+        return self.reader.read(tool_answers.answer_text(self.tok, ev.generated, ev.stop_text), self.request_id,
+                                self.index)
 
     def answer_chunks(self, ev: StepEvent) -> Optional[list[dict[str, Any]]]:
         """Plain streaming of a parsed answer: nothing until the canvas stops (the answer is read
