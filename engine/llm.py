@@ -50,6 +50,8 @@ class Result:
     prompt_tokens: int
     logprobs: tuple = ()  # with params.logprobs: (logprob, ((id, logprob), ...)) per generated token
     error: Optional[Exception] = None  # why this request alone failed (Sequence.fail); the others ran on
+    # A choice asked with logprobs: {option: probability} (engine/sampling/choice.py); else None.
+    choice_probabilities: Optional[dict[str, float]] = None
 
 
 def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingParams:
@@ -170,7 +172,7 @@ class LLM:
         ids = seq.generated()
         return Result(seq.request_id, self.tokenizer.decode_cut(ids, seq.stop_text), ids, seq.nfe,
                       seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt),
-                      seq.generated_logprobs(len(ids)), seq.error)
+                      seq.generated_logprobs(len(ids)), seq.error, seq.choice_probabilities())
 
     # ------------------------------------------------------------------ offline
 

@@ -162,6 +162,8 @@ class Requests:
         if v:
             raise InvalidRequest(v)
         seq = self._sequence(ids, params, rid, constraint)
+        if constraint is not None and constraint.score_choices:
+            self._check_choice_window(seq, req.structured.field)
         seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/models/prefix_cache.py)
         return seq
 
@@ -183,7 +185,24 @@ class Requests:
         if layout.path == "document" and not self.row.documents:
             raise InvalidRequest([FieldViolation(spec.field, "outside the skeleton's subset: the whole-document path "
                                                              "is not served on revising models (DiffusionGemma) yet")])
-        return Constraint(layout, self._compiler, spec.field)
+        constraint = Constraint(layout, self._compiler, spec.field)
+        if spec.kind == "choice" and params.logprobs is not None:  # typed decisions (engine/sampling/choice.py)
+            if not self.row.choice_probabilities:
+                raise InvalidRequest([FieldViolation(spec.field, "option probabilities (a choice with logprobs) are not "
+                                                                 "served on revising models (DiffusionGemma) yet; "
+                                                                 "ask without logprobs")])
+            constraint.score_choices = True
+        return constraint
+
+    @staticmethod
+    def _check_choice_window(seq: Sequence, field: str) -> None:
+        """A choice's options are scored in one forward over the first H output positions
+        (engine/sampling/choice.py): they must all lie in the block that decodes position 0."""
+        H, reach = seq.constraint.choice_horizon, seq.first_window
+        if H > reach:
+            raise InvalidRequest([FieldViolation(field, f"with logprobs, every option and its end ({H} tokens) are "
+                                                        f"scored in the first block, which holds {reach} output "
+                                                        f"positions here: raise block_length or shorten the options")])
 
     def violations(self, params: SamplingParams) -> list[FieldViolation]:
         """Every reason these parameters cannot run here: their own limits, this engine's

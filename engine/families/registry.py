@@ -48,6 +48,9 @@ class Row:
     shape: Shape  # how a request's parameters become its Sequence (see Shape)
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
     documents: bool = True  # serves structured outputs' whole-document path (else the skeleton only)
+    # Scores a choice's options for typed decisions (engine/sampling/choice.py: its runner ends a
+    # step with runner_api.select_step); else such a request is refused by name.
+    choice_probabilities: bool = True
 
     def load(self, folder: Path, config: EngineConfig) -> Any:
         return self.loader(folder, config)
@@ -119,7 +122,8 @@ def _revise_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tu
 ROWS: tuple[Row, ...] = (
     Row(REVISE, is_gemma_folder, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
         warmup=(("max_denoising_steps", 1),),  # one denoising step of one canvas
-        documents=False),  # not yet: its canvases commit another way
+        documents=False,  # not yet: its canvases commit another way
+        choice_probabilities=False),  # its canvases are re-sampled whole, not one slot front a step
     Row(BLOCK, _is_block_folder, _load_masked, BlockRunner, BlockSequence, _block_shape),
     Row(FULL, lambda folder: True, _load_masked, Runner, Sequence, _canvas_shape),  # the ordinary loader's
 )

@@ -19,6 +19,7 @@ import torch
 from celeris.engine.errors import RowFailed
 from celeris.engine.sampling.select import published_order, select_tokens, token_logprobs, with_edits
 from celeris.engine.sampling.batch import SamplingBatch, Selection, SelectionRule, Window
+from celeris.engine.sampling.choice import option_probabilities
 from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.masks import window_masks
 
@@ -41,6 +42,9 @@ class RowResult:
     # This row's own part of the step failed (its structure, non-finite logits): it committed
     # nothing and its request ends with this error (step_loop.apply_row); the batch steps on.
     error: Optional[Exception] = None
+    # Typed decisions: with a choice's probabilities asked for, the step that scored its options
+    # carries one probability per option, in the choice's order (engine/sampling/choice.py).
+    choices: tuple = ()
 
 
 EMPTY = RowResult([], [], [])
@@ -144,6 +148,7 @@ def select_step(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule
     results: the host's wait for the device)."""
     tokens = window.tokens
     front, allowed, failed = window_masks(constraints, tokens.shape[1], tokens.device)
+    choices = choice_scores(logits, constraints, failed)  # before anything writes the logits
     candidate = window.candidate if front is None else window.candidate & front  # none for a failed row
     bad = nonfinite_rows(logits, real)
     candidate = isolate(candidate, bad)
@@ -153,17 +158,41 @@ def select_step(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule
     if editable is not None:
         sel = with_edits(sel, tokens, editable, batch.editing)
     new = torch.where(sel.commit, sel.x0, tokens)
-    return new, functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed)
+    return new, functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed, choices)
+
+
+def choice_scores(logits: torch.Tensor, constraints: Seq, failed: dict[int, Exception]) -> dict[int, torch.Tensor]:
+    """{row: (K,) option probabilities} of the rows whose choice is scored at this step
+    (`Constraint.choice_columns`), from their own window logits (B, W, V), raw as the model wrote
+    them. A Python walk over the step's rows, and work only for rows that asked: every other row
+    costs one attribute read. A row whose scoring raises joins `failed` (it ends alone)."""
+    out: dict[int, torch.Tensor] = {}
+    for r, entry in enumerate(constraints):
+        if entry is None or r in failed or not getattr(entry[0], "score_choices", False):
+            continue
+        try:
+            cols = entry[0].choice_columns(entry[1])
+            if cols is not None:
+                index = torch.tensor(cols, device=logits.device)
+                out[r] = option_probabilities(logits[r].index_select(0, index), entry[0].choice_ids())
+        except Exception as e:  # this row's own structure: it fails alone
+            failed[r] = e
+    return out
 
 
 def row_results(sel: Selection, new: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch,
                 logits: torch.Tensor, bad: Optional[torch.Tensor] = None,
-                failed: Optional[dict[int, Exception]] = None) -> list[RowResult]:
+                failed: Optional[dict[int, Exception]] = None,
+                choices: Optional[dict[int, torch.Tensor]] = None) -> list[RowResult]:
     """The host records of a step's real rows: one device->host copy of the commits, tokens and
-    confidences (the step's synchronisation), plus log-probabilities (of the raw logits) and the
-    provisional picks where rows ask for them. A row in `failed` (host-known, e.g. its structure
-    raised) or flagged in `bad` (B,) (non-finite logits) gets its error instead."""
+    confidences (the step's synchronisation), plus log-probabilities (of the raw logits), the
+    provisional picks and a choice's option probabilities where rows ask for them. A row in
+    `failed` (host-known, e.g. its structure raised) or flagged in `bad` (B,) (non-finite logits)
+    gets its error instead."""
     out = _rows(sel, new, candidate, batch, logits)
+    for r, probs in (choices or {}).items():
+        if r < len(out):
+            out[r] = replace(out[r], choices=tuple(probs.cpu().tolist()))
     errors = dict(failed or {})
     if bad is not None:
         errors.update((r, RowFailed(NONFINITE)) for r in bad[:len(out)].cpu().nonzero().flatten().tolist()

@@ -78,6 +78,9 @@ class StepEvent:
     # error its door raises instead of this event (engine/errors.py: InvalidRequest, RowFailed).
     error: Optional[Exception] = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (engine/models/prefix_cache.py)
+    # Typed decisions: a choice asked with logprobs gets {option: probability} over its options
+    # (summing to 1; engine/sampling/choice.py), on the last event only; None otherwise.
+    choice_probabilities: Optional[dict[str, float]] = None
 
     def is_final(self, i: int, mask_id: int) -> bool:
         """Whether canvas position i will never change again (the stream contract above)."""
@@ -113,6 +116,8 @@ class Sequence:
     # (engine/loop/fair_share.py); one call's samples share it. "" = one anonymous owner.
     owner: str = ""
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (block families)
+    # A choice's option probabilities, once the runner scored them (RowResult.choices), in its order.
+    choice_scores: tuple = ()
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
@@ -127,6 +132,11 @@ class Sequence:
     @property
     def length(self) -> int:
         return len(self.prompt) + self.params.gen_length
+
+    @property
+    def first_window(self) -> int:
+        """Output positions [0, n) the forward that decodes output position 0 sees: its block."""
+        return self.params.block_length
 
     @property
     def block_start(self) -> int:
@@ -218,7 +228,17 @@ class Sequence:
             finished=self.finished, finish_reason=self.finish_reason, block_complete=block_complete,
             ticket=self.ticket, kv_cache=self.kv_cache, committed_logprobs=committed_lp, logprobs=all_lp,
             stop_text=self.stop_text, provisional=() if self.finished else provisional, revised=revised,
-            revising=self.revising, cached_tokens=self.cached_tokens)
+            revising=self.revising, cached_tokens=self.cached_tokens,
+            choice_probabilities=self.choice_probabilities() if self.finished else None)
+
+    def choice_probabilities(self) -> Optional[dict[str, float]]:
+        """{option: probability} of a scored choice (an option listed twice: their sum), else None."""
+        if not self.choice_scores:
+            return None
+        out: dict[str, float] = {}
+        for (text, _), p in zip(self.constraint.layout.choices, self.choice_scores):
+            out[text] = out.get(text, 0.0) + p
+        return out
 
     def _with_skeleton(self, committed: tuple, confidences: tuple) -> tuple[tuple, tuple]:
         """`committed` with the structure's fixed positions (confidence 1), by position."""
@@ -233,6 +253,8 @@ class Sequence:
         from the state this left (the step loop's one call). Call it before the sequence changes
         again (its next step, a cancel): the server builds events while the next step runs on
         the device, off the step's critical path."""
+        if r.choices:
+            self.choice_scores = r.choices
         return self._apply(r.positions, r.tokens, r.confidences, r.logprobs, r.provisional)
 
     def apply(self, positions: list[int], tokens: list[int], confidences: list[float],

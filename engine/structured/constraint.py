@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq
 
 import llguidance
@@ -85,6 +85,9 @@ class Layout:
     slots: tuple[SlotSpec, ...]
     tail: int  # the stop id after the structure (block models decode past gen_length)
     path: str = "skeleton"  # how it decodes, reported per request: skeleton, document or regex
+    # A choice's options as its slot would hold them: (text, canonical token ids), in the order
+    # given (engine/sampling/choice.py scores them); () for every other kind.
+    choices: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 class Compiler:
@@ -125,7 +128,8 @@ class Compiler:
             elif spec.kind == "regex":
                 return self._whole(self._regex(spec.value, f), gen_length, f)
             elif spec.kind == "choice":
-                return self._whole(self._choice(spec.value, f), gen_length, f)
+                layout = self._whole(self._choice(spec.value, f), gen_length, f)
+                return replace(layout, choices=tuple((c, tuple(self._encode(c))) for c in spec.value))
             elif spec.kind == GRAMMAR:
                 return self._lark(spec.value, gen_length, f)
             else:
@@ -290,6 +294,39 @@ class Constraint:
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
         self._force: dict[int, int] = {}  # position -> the token the grammar forces there (forced slots)
         self._closer = Closer(compiler.ll, self.words, self._eos) if any(s.forced for s in layout.slots) else None
+        # Typed decisions (engine/sampling/choice.py): whether this request asked for its options'
+        # probabilities (a choice with logprobs; engine/requests.py sets it), and whether they are taken.
+        self.score_choices = False
+        self._scored = False
+
+    @property
+    def choice_horizon(self) -> int:
+        """H: the output positions a choice's options are scored over, one past the longest
+        option (its end), at most the canvas (engine/sampling/choice.py)."""
+        longest = max(len(ids) for _, ids in self.layout.choices)
+        return min(longest + 1, len(self.layout.canvas))
+
+    def choice_columns(self, cols: list[int]) -> Optional[list[int]]:
+        """The window columns of output positions [0, H) when this step is the one the options are
+        scored at: asked for, not scored yet, the slot's front still at its first position (every
+        slot position masked: the forward that commits its first token), and all H positions in
+        this window. Else None. Marks them scored: called once per step, by `runner_api.select_step`."""
+        if not self.score_choices or self._scored or self.layout.slots[0].start not in self._by_front:
+            return None
+        col_of = {p: j for j, p in enumerate(cols) if p >= 0}
+        if 0 not in col_of:
+            return None
+        H = self.choice_horizon
+        if not all(i in col_of for i in range(H)):  # requests.py refuses such a request up front
+            raise self.failure(f"the first window holds fewer than the {H} positions its options are scored over")
+        self._scored = True
+        return [col_of[i] for i in range(H)]
+
+    def choice_ids(self) -> torch.Tensor:
+        """(K, H) long: each option's tokens from the slot's first position, the filler past its end."""
+        H, filler = self.choice_horizon, self.layout.slots[0].filler
+        return torch.tensor([list(ids[:H]) + [filler] * (H - len(ids)) for _, ids in self.layout.choices],
+                            dtype=torch.long)
 
     def fixed(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """(position, token) of the structure's fixed tokens in [lo, hi): the skeleton, and the stop

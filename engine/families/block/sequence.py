@@ -79,6 +79,13 @@ class BlockSequence(Sequence):
         return self.total
 
     @property
+    def first_window(self) -> int:
+        """Output positions the first decoded block holds: it is aligned to absolute positions, so
+        the prompt's tail takes its first P % b."""
+        b = self.params.block_length
+        return b - len(self.prompt) % b
+
+    @property
     def editing(self) -> bool:
         """Whether written tokens may be replaced (LLaDA2.1 with an editing threshold; a structured
         output's tokens are never edited)."""

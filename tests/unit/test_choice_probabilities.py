@@ -1,0 +1,141 @@
+"""Typed decisions (engine/sampling/choice.py): a choice asked with logprobs gets a probability per
+option, the softmax over the options of their tokens' summed log-probabilities in the forward that
+commits the slot's first token (filler past each option's end, up to one past the longest). The
+numbers sum to 1, match a hand computation, are the same alone and beside other requests, and
+asking for them changes no token; DiffusionGemma refuses them by name."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.requests import Request
+from celeris.engine.sampling.choice import option_probabilities
+from celeris.engine.structured.constraint import Structured
+
+OPTIONS = ["yes", "no", "maybe", "yesno"]  # one a prefix of another
+
+
+def test_option_probabilities_match_a_hand_computation():
+    logits = torch.tensor([[1.0, 2.0, 0.5, -1.0], [0.0, 0.3, 3.0, 1.0]])  # (H=2, V=4)
+    ids = torch.tensor([[1, 2], [0, 3], [2, 2]])  # three options, filler 2 past the first's end
+    p = option_probabilities(logits, ids)
+
+    def lp(i, t):
+        row = logits[i].tolist()
+        return row[t] - math.log(sum(math.exp(x) for x in row))
+
+    s = [lp(0, a) + lp(1, b) for a, b in ids.tolist()]
+    want = [math.exp(x - max(s)) for x in s]
+    want = [w / sum(want) for w in want]
+    assert p.dtype == torch.float64 and p.tolist() == pytest.approx(want, abs=1e-12)
+    assert abs(sum(p.tolist()) - 1) < 1e-12
+
+
+def test_option_probabilities_sum_to_one_and_never_nan():
+    torch.manual_seed(0)
+    for K, H, V in ((2, 1, 7), (5, 4, 300), (256, 9, 1000)):
+        p = option_probabilities(torch.randn(H, V) * 20, torch.randint(0, V, (K, H)))
+        assert abs(p.sum().item() - 1) < 1e-9
+    ninf = torch.full((2, 5), float("-inf"))
+    ninf[:, 0] = 0.0
+    assert option_probabilities(ninf, torch.tensor([[1, 2], [3, 4]])).tolist() == [0.5, 0.5]
+
+
+@pytest.fixture(scope="module", params=["celeris-tiny", "celeris-tiny-block"])
+def llm(request):
+    return LLM.load(EMBEDDED_MODELS[request.param])
+
+
+def _params(llm, **kw):
+    """A short canvas, one block; a block model's first block also holds the prompt's tail."""
+    n = 8 if llm.family.kind == "full" else 16
+    return replace(llm.defaults, **{"gen_length": n, "steps": n, "block_length": n, "seed": 3, **kw})
+
+
+def _choice(llm, params, prompt="Is it?"):
+    return llm.build(Request(prompt=prompt, params=params, structured=Structured("choice", OPTIONS, "choice")))
+
+
+def _others(llm, n):
+    return [llm.build(Request(prompt="Once upon a time " * (k + 1), params=_params(llm, temperature=0.7, seed=k)))
+            for k in range(n)]
+
+
+def _alone_and_batched(llm, sizes):
+    alone = llm.run([_choice(llm, _params(llm, logprobs=0))])[0]
+    probs = alone.choice_probabilities
+    assert list(probs) == OPTIONS and abs(sum(probs.values()) - 1) < 1e-6
+    assert all(0 < v < 1 for v in probs.values())
+    plain = llm.run([_choice(llm, _params(llm))])[0]
+    assert plain.choice_probabilities is None and plain.token_ids == alone.token_ids  # no token changes
+    for n in sizes:  # n + 1 rows in the forward
+        others = _others(llm, n)
+        mixed = llm.run(others[:1] + [_choice(llm, _params(llm, logprobs=0))] + others[1:])
+        assert mixed[1].choice_probabilities == probs and mixed[1].token_ids == alone.token_ids  # bit for bit
+        free = llm.run(_others(llm, n))
+        assert [r.token_ids for r in free] == [r.token_ids for r in mixed[:1] + mixed[2:]]  # free rows untouched
+
+
+def test_probabilities_sum_to_one_and_are_the_same_alone_and_batched(llm):
+    _alone_and_batched(llm, (2,))
+
+
+@pytest.mark.slow
+def test_probabilities_are_the_same_in_batches_of_two_to_seven(llm):
+    _alone_and_batched(llm, (1, 3, 4, 6))
+
+
+def test_probabilities_are_scored_once_on_the_first_forwards_raw_logits(llm, monkeypatch):
+    """Scored once, on the window logits of output positions [0, H) of the first decoding forward
+    (every slot position masked), option tokens then the filler (EOS); for the full-canvas family
+    those logits are the model's own over prompt + an all-mask canvas."""
+    import celeris.engine.loop.runner_api as api
+
+    seq = _choice(llm, _params(llm, logprobs=0))
+    ids, H = seq.constraint.choice_ids(), seq.constraint.choice_horizon
+    assert ids.shape == (len(OPTIONS), H) and H == max(len(t) for _, t in seq.constraint.layout.choices) + 1
+    assert (ids[OPTIONS.index("no")][len(seq.constraint.layout.choices[1][1]):] == llm.tokenizer.eos_id).all()
+    calls = []
+    real = api.option_probabilities
+    monkeypatch.setattr(api, "option_probabilities", lambda lg, i: calls.append((lg.clone(), i, seq.nfe)) or real(lg, i))
+    res = llm.run([seq])[0]
+    assert len(calls) == 1 and calls[0][2] == getattr(seq, "prefill_steps", 0)  # the first decoding forward
+    logits, got_ids, _ = calls[0]
+    assert torch.equal(got_ids, ids)
+    if llm.family.kind == "full":
+        canvas = torch.tensor([seq.prompt + [llm.tokenizer.mask_id] * seq.params.gen_length])
+        with torch.inference_mode():
+            want = llm.loop.runner.model(canvas)[0, len(seq.prompt):len(seq.prompt) + H]
+        assert torch.allclose(logits.float(), want.float(), atol=1e-4)
+    assert list(res.choice_probabilities.values()) == pytest.approx(real(logits, ids).tolist(), abs=0)
+
+
+def test_options_beyond_the_first_block_are_refused_by_name(llm):
+    long = ["a b c d e f", "b c d e f g"]
+    p = replace(llm.defaults, gen_length=16, steps=16, block_length=4, logprobs=0)
+    with pytest.raises(InvalidRequest) as e:
+        llm.build(Request(prompt="x", params=p, structured=Structured("choice", long, "structured_outputs.choice")))
+    assert e.value.violations[0].field == "structured_outputs.choice" and "block_length" in str(e.value)
+    llm.build(Request(prompt="x", params=replace(p, logprobs=None),
+                      structured=Structured("choice", long, "structured_outputs.choice")))  # without: served
+
+
+def test_diffusion_gemma_refuses_choice_probabilities_by_name(tmp_path):
+    pytest.importorskip("transformers")
+    from celeris.engine.config import EngineConfig
+    from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint
+
+    gemma = LLM.load(write_bpe_checkpoint(tmp_path, canvas_length=16),
+                     EngineConfig(max_batch=2, max_queue=4, max_prompt_tokens=64, max_gen_length=64))
+    p = replace(gemma.defaults, gen_length=16, block_length=16, steps=1, seed=1, max_denoising_steps=2)
+    spec = Structured("choice", OPTIONS, "structured_outputs.choice")
+    with pytest.raises(InvalidRequest) as e:
+        gemma.build(Request(prompt="Q:", params=replace(p, logprobs=0), structured=spec))
+    assert e.value.violations[0].field == "structured_outputs.choice" and "DiffusionGemma" in str(e.value)
+    assert gemma.run([gemma.build(Request(prompt="Q:", params=p, structured=spec))])[0].text in OPTIONS
