@@ -28,7 +28,7 @@ from celeris.engine.tokenizer import Tokenizer
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters
 MAX_CACHE_SALT = 256  # characters
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result (engine/agents)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Request:
     request_id: str = ""  # empty: one is made up
     structured: Optional[Structured] = None  # structured output (engine/structured), None: free text
     cache_salt: Optional[str] = None  # the prefix cache's tenant: salts apart never share entries
+    tools: Optional[Seq[dict]] = None  # chat only: OpenAI-shaped tools the chat template renders (engine/agents)
 
     def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
         """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
@@ -130,7 +131,7 @@ class Requests:
     def _encode(self, req: Request) -> tuple[list[int], str]:
         """Tokenize a request that passed `_check_size`; (ids, the field they came from)."""
         if req.messages is not None:
-            return self.tokenizer.encode_chat(req.messages), "messages"
+            return self.tokenizer.encode_chat(req.messages, tools=req.tools), "messages"
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt), "prompt"
         ids = list(req.token_ids)

@@ -239,7 +239,7 @@ class Tokenizer:
                     pass
             out.append({**c, "function": {**fn, "arguments": args}})
         self._no_markup(out, f"messages[{i}].tool_calls")
-        return {**m, "content": content, "tool_calls": out}
+        return {**m, "content": m.get("content"), "tool_calls": out}  # the placeholder encode_chat finds
 
     def _no_markup(self, value: object, field: str) -> None:
         """Text the template writes as markup (tool schemas, call names and arguments) must not
