@@ -116,6 +116,9 @@ class Snapshot:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: Optional[str] = None
     content: Optional[str] = None
+    # Last snapshot of a choice asked with logprobs (typed decisions): {option: probability}, in
+    # the options' order, summing to 1 (docs/structured-outputs.md); None otherwise.
+    choice_probabilities: Optional[dict[str, float]] = None
 
     @property
     def masked_count(self) -> int:
@@ -141,7 +144,8 @@ class Snapshot:
             final_positions=m.final_positions, revising=m.revising,
             tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
             reasoning=m.reasoning if m.HasField("reasoning") else None,
-            content=m.content if m.HasField("content") else None)
+            content=m.content if m.HasField("content") else None,
+            choice_probabilities={c.option: c.probability for c in m.choice_probabilities} or None)
 
 
 @dataclass(frozen=True)
@@ -162,11 +166,14 @@ class Result:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: Optional[str] = None
     content: Optional[str] = None
+    # A choice asked with logprobs (typed decisions): {option: probability}; None otherwise.
+    choice_probabilities: Optional[dict[str, float]] = None
 
     @classmethod
     def from_snapshot(cls, s: Snapshot) -> Result:
         return cls(s.request_id, s.text, s.finish_reason or "length", s.usage or Usage(0, 0, 0), s.seed or 0,
-                   s.step, s.elapsed_s or 0.0, s.tokens, s.kv_cache or "none", s.tool_calls, s.reasoning, s.content)
+                   s.step, s.elapsed_s or 0.0, s.tokens, s.kv_cache or "none", s.tool_calls, s.reasoning, s.content,
+                   s.choice_probabilities)
 
     def message(self) -> dict[str, Any]:
         """This answer as the assistant turn of the next request's conversation (OpenAI's shape):

@@ -296,6 +296,9 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
     for token, (lp, top) in zip(msg.tokens, ev.logprobs):  # with logprobs: every generated token
         token.logprob = lp
         token.top_logprobs.extend(pb.TokenLogprob(id=i, text=tok.token_text(i), logprob=v) for i, v in top)
+    if ev.choice_probabilities is not None:  # typed decisions: a choice asked with logprobs
+        msg.choice_probabilities.extend(pb.ChoiceProbability(option=k, probability=v)
+                                        for k, v in ev.choice_probabilities.items())
     return msg
 
 

@@ -167,6 +167,8 @@ class Responder:
             answer = self._answer(ev)
             choice |= {"message": tool_answers.message(answer, self.reader),
                        "finish_reason": tool_answers.finish_reason(answer, choice["finish_reason"])}
+        if ev.choice_probabilities is not None:  # typed decisions: a choice asked with logprobs
+            choice["choice_probabilities"] = ev.choice_probabilities
         body = self._envelope([choice], chunk=False)
         return body | {"usage": usage(ev), "celeris": {"seed": seed_text(ev.seed), "steps": ev.steps,
                                                       "kv_cache": ev.kv_cache}}
@@ -200,6 +202,8 @@ class Responder:
     def _chunk(self, text: str, ev: StepEvent, extra: Optional[dict] = None) -> dict[str, Any]:
         lp = self.logprobs(ev) if ev.finished else None  # all of them, with the last chunk
         body = self._envelope([self._choice(text, self._finish(ev), chunk=True, logprobs=lp)], chunk=True)
+        if ev.finished and ev.choice_probabilities is not None:  # typed decisions, with the last chunk
+            body["choices"][0]["choice_probabilities"] = ev.choice_probabilities
         if extra:
             body["celeris"] = extra
         if ev.finished:

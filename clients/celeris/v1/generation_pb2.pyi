@@ -345,7 +345,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions", "final_positions", "revising", "tool_calls", "reasoning", "content")
+    __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions", "final_positions", "revising", "tool_calls", "reasoning", "content", "choice_probabilities")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +372,7 @@ class GenerateResponse(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     total_steps: int
@@ -398,7 +399,16 @@ class GenerateResponse(_message.Message):
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     reasoning: str
     content: str
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ..., updates: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., layout: _Optional[_Union[CanvasLayout, _Mapping]] = ..., provisional: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., text_positions: _Optional[int] = ..., final_positions: _Optional[int] = ..., revising: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    choice_probabilities: _containers.RepeatedCompositeFieldContainer[ChoiceProbability]
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., block_index: _Optional[int] = ..., num_blocks: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., committed_positions: _Optional[_Iterable[int]] = ..., committed_confidences: _Optional[_Iterable[float]] = ..., done: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., choice: _Optional[int] = ..., updates: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., layout: _Optional[_Union[CanvasLayout, _Mapping]] = ..., provisional: _Optional[_Iterable[_Union[TokenUpdate, _Mapping]]] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., text_positions: _Optional[int] = ..., final_positions: _Optional[int] = ..., revising: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ..., content: _Optional[str] = ..., choice_probabilities: _Optional[_Iterable[_Union[ChoiceProbability, _Mapping]]] = ...) -> None: ...
+
+class ChoiceProbability(_message.Message):
+    __slots__ = ("option", "probability")
+    OPTION_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    option: str
+    probability: float
+    def __init__(self, option: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
