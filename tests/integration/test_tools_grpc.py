@@ -4,7 +4,8 @@ streamed and not, with the same calls (ids included) as the HTTP door returns fo
 request; "required" and named calls validating against the function's schema; INVALID_ARGUMENT
 naming the field for tools without a chat prompt, an unknown tool name, a bad schema, two
 structures at once and a tool message without its call id; a tool request beside running
-requests leaving them as they were alone; grpcurl sending tools as JSON."""
+requests leaving them as they were alone; a reasoning parser splitting the thinking channel out;
+`celeris generate --tools` printing the calls; grpcurl sending tools as JSON."""
 
 from __future__ import annotations
 
@@ -96,13 +97,16 @@ def test_required_and_named_calls_validate_against_their_schemas(client):
         jsonschema.validate(r.tool_calls[0].args, SCHEMAS[r.tool_calls[0].name])
 
 
+def pinned(text: str) -> dict:
+    """A regex structured output that makes the model write exactly `text` (its own taste aside)."""
+    return {"regex": "".join("\\" + ch if ch in "\\.^$|?*+()[]{}" else ch for ch in text)}
+
+
 def test_auto_reads_a_call_and_leaves_a_malformed_one_as_content(client):
     good = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     bad = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": </tool_call>'
     for text, called in ((good, True), (bad, False)):
-        regex = "".join("\\" + ch if ch in "\\.^$|?*+()[]{}" else ch for ch in text)  # the model's text, pinned
-        r = client.generate(ASK, tools=WEATHER_ONLY + TOOLS[1:], structured_output={"regex": regex}, gen_length=96,
-                            steps=24, seed=0)
+        r = client.generate(ASK, tools=TOOLS, structured_output=pinned(text), gen_length=96, steps=24, seed=0)
         if called:
             assert r.finish_reason == "tool_calls" and r.tool_calls[0].args == {"a": 2, "b": 3} and r.content is None
         else:
@@ -169,3 +173,33 @@ def test_grpcurl_sends_tools_as_json(live):
     (call,) = last["tool_calls"]
     assert call["name"] == "get_weather" and call["id"].startswith("call_")
     jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+
+
+def test_reasoning_is_split_out_with_a_reasoning_parser():
+    llm = LLM.load(config=EngineConfig(max_prompt_tokens=896, max_gen_length=128))
+    with live_server(llm, tool_call_parser="hermes", reasoning_parser="qwen3") as s, \
+            CelerisClient(s.grpc_target, timeout=120) as c:
+        thought = ('<think>\nneeds a call\n</think>\n'
+                   '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+        r = c.generate(ASK, tools=WEATHER_ONLY, structured_output=pinned(thought), gen_length=128, steps=32, seed=0)
+        assert (r.reasoning, r.content, r.finish_reason) == ("needs a call", None, "tool_calls")
+        assert [(t.name, t.args) for t in r.tool_calls] == [("get_weather", {"city": "Oslo"})]
+        r = c.generate(ASK, structured_output=pinned("<think>hm</think>Hello"), gen_length=32, steps=8, seed=0)
+        assert (r.reasoning, r.content, r.finish_reason, r.tool_calls) == ("hm", "Hello", "stop", ())
+        assert r.message() == {"role": "assistant", "content": "Hello"}
+        r = c.generate("<think>", gen_length=16, steps=4, seed=0)  # a plain prompt's answer is never read
+        assert r.reasoning is None and r.content is None
+
+
+def test_celeris_generate_prints_the_calls(live, tmp_path, capsys):
+    from celeris_client.cli import main
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(WEATHER_ONLY))
+    code = main(["generate", "--server", live.grpc_target, "--plain", "--tools", str(path), "--tool-choice",
+                 "get_weather", "--gen-length", "64", "--steps", "16", "--seed", "0", "Weather in Paris?"])
+    out = [line for line in capsys.readouterr().out.splitlines() if "[info" not in line]  # the server logs here too
+    assert code == 0 and len(out) == 1 and out[0].startswith("tool call call_"), out
+    name_args = out[0].split(": ", 1)[1]
+    assert name_args.startswith("get_weather(") and name_args.endswith(")")
+    jsonschema.validate(json.loads(name_args[len("get_weather("):-1]), WEATHER)
