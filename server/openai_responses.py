@@ -247,7 +247,8 @@ class Responder:
                 delta["reasoning_content"] = answer.reasoning
             if answer.calls:
                 delta["tool_calls"] = [{"index": k, **c.openai()} for k, c in enumerate(answer.calls)]
-            chunk["choices"][0]["finish_reason"] = tool_answers.finish_reason(answer, chunk["choices"][0]["finish_reason"])
+            choice = chunk["choices"][0]
+            choice["finish_reason"] = tool_answers.finish_reason(answer, choice["finish_reason"])
             return chunk
         return self._chunk(text, ev, extra)
 
