@@ -15,8 +15,12 @@ from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
           IDS: {"type": "array", "items": {"type": "integer"}}}
-_MESSAGES = {"type": "array", "items": {"type": "object", "required": ["role", "content"],
-                                        "properties": {"role": {"type": "string"}, "content": {}}}}
+_MESSAGES = {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
+    "role": {"type": "string"}, "content": {}, "tool_calls": {"type": "array"}, "tool_call_id": {"type": "string"}}}}
+# Chat's tool fields (server/tools_api.py; docs/tools.md).
+_TOOLS = {"tools": {"type": "array", "items": {"type": "object"}},
+          "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
+          "parallel_tool_calls": {"type": "boolean", "default": True}}
 
 
 def knob_schema(k: Knob) -> dict[str, Any]:
@@ -38,6 +42,7 @@ def request_schema(chat: bool) -> dict[str, Any]:
     props["n"] = {"type": "integer", "default": 1}
     if chat:
         props["messages"] = _MESSAGES
+        props |= _TOOLS
     else:
         props["prompt"] = {"anyOf": [{"type": "string"}, {"type": "array"}]}
     return {"type": "object", "required": ["messages" if chat else "prompt"], "properties": props,

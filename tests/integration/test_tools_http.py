@@ -160,6 +160,18 @@ def test_bad_tool_fields_are_400s_naming_the_field(live, extra, param):
     assert e.value.body["param"] == param, e.value.body
 
 
+def test_openapi_lists_the_tool_fields(live):
+    import urllib.request
+
+    import jsonschema as js
+
+    with urllib.request.urlopen(live.http_url + "/openapi.json") as r:
+        schema = json.load(r)["components"]["schemas"]["ChatCompletionRequest"]
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": []}, {"role": "tool", "tool_call_id": "c",
+                                                                                "content": "1"}]
+    js.validate({"messages": history, "tools": TOOLS, "tool_choice": NAMED, "parallel_tool_calls": False}, schema)
+
+
 def test_completions_refuse_tools_by_name(live):
     with pytest.raises(openai.BadRequestError) as e:
         sdk(live).completions.create(model="celeris-tiny", prompt="x", max_tokens=8, extra_body={"tools": TOOLS})
