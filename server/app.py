@@ -138,7 +138,8 @@ class CelerisServer:
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0],
-                               resolve(self.llm.tokenizer.chat_template, s.tool_call_parser, s.reasoning_parser)),
+                               resolve(self.llm.tokenizer.chat_template, s.tool_call_parser, s.reasoning_parser,
+                                       self.llm.tokenizer.special_markers)),
             self.grpc)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -83,7 +83,7 @@ class HttpGateway:
         self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
         # Tool-call and reasoning parsers: the settings' names, else detected from the chat template.
         self.parsers = tools_api.resolve(llm.tokenizer.chat_template, getattr(settings, "tool_call_parser", None),
-                                         getattr(settings, "reasoning_parser", None))
+                                         getattr(settings, "reasoning_parser", None), llm.tokenizer.special_markers)
 
     @property
     def inflight(self) -> int:
@@ -237,6 +237,15 @@ class HttpGateway:
         """The request's JSON body (server/http_body.py: media type, size, encoding, timeout)."""
         return await read_json(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
 
+    async def _parse(self, body: Any, chat: bool) -> openai_api.GatewayRequest:
+        """The body as an engine-bound request. Tools are checked by compiling their schemas (tens
+        of ms each the first time), so a body with tools is read on a worker thread, never the loop."""
+        def parse() -> openai_api.GatewayRequest:
+            req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
+            return replace(req, structured=tools_api.plan(req.tools, self.parsers, req.structured))
+
+        return await asyncio.to_thread(parse) if isinstance(body, dict) and body.get("tools") else parse()
+
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
         start = lambda: self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")  # noqa: E731
@@ -250,8 +259,7 @@ class HttpGateway:
             try:
                 req = None
                 body = await self.read_json(request)
-                req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
-                req = replace(req, structured=tools_api.plan(req.tools, self.parsers, req.structured))
+                req = await self._parse(body, chat)
                 reader = tools_api.reader(req.tools, self.parsers) if chat else None
                 reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import AsyncIterator, Optional
 
@@ -29,7 +30,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.served_name = served_name or llm.name  # --served-model-name, else the model's own
         # Tool-call and reasoning parsers (--tool-call-parser / --reasoning-parser, else detected from
         # the chat template): the HTTP gateway's, resolved the same way when none are handed in.
-        self.parsers = parsers if parsers is not None else resolve(llm.tokenizer.chat_template)
+        self.parsers = parsers if parsers is not None else resolve(llm.tokenizer.chat_template,
+                                                                          specials=llm.tokenizer.special_markers)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
@@ -39,7 +41,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             try:
                 plan = convert.stream_plan(request)
-                tools = convert.tool_request(request)
+                # Tools are checked by compiling their schemas: on a worker thread, never the loop.
+                tools = (await asyncio.to_thread(convert.tool_request, request) if request.tools
+                         else convert.tool_request(request))
                 reqs = convert.engine_requests(request, self.llm.defaults, self.parsers, tools)
                 reader = convert.answer_reader(request, tools, self.parsers)  # tool calls, reasoning
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)

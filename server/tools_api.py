@@ -12,7 +12,7 @@ The deprecated `functions` / `function_call` are refused, naming `tools` / `tool
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from celeris.engine.errors import EngineError, FieldViolation, InvalidRequest, clip
@@ -52,6 +52,9 @@ class Parsers:
 
     tool: Any = None  # engine.agents.parsers.ToolParser
     reasoning: Any = None  # engine.agents.reasoning.ReasoningParser
+    # The tokenizer's added tokens (text -> id): an enforced call writes the format's markers as
+    # these tokens, as the model saw them in training, not spelled out in ordinary text tokens.
+    specials: dict = field(default_factory=dict)
 
     @property
     def names(self) -> dict[str, Optional[str]]:
@@ -73,8 +76,9 @@ def check_names(tool: Optional[str], reasoning: Optional[str]) -> None:
 
 
 def resolve(chat_template: str, tool_call_parser: Optional[str] = None,
-            reasoning_parser: Optional[str] = None) -> Parsers:
-    """The parsers for a loaded model: the named ones, else the ones its chat template shows."""
+            reasoning_parser: Optional[str] = None, specials: Optional[dict] = None) -> Parsers:
+    """The parsers for a loaded model: the named ones, else the ones its chat template shows
+    (`specials`: its tokenizer's `special_markers`)."""
     from celeris.engine.agents.parsers import TOOL_PARSERS, detect_tool_parser
     from celeris.engine.agents.reasoning import REASONING_PARSERS, detect_reasoning_parser
 
@@ -83,7 +87,7 @@ def resolve(chat_template: str, tool_call_parser: Optional[str] = None,
     tool = detect_tool_parser(chat_template or "") if tool is None else tool
     reasoning = detect_reasoning_parser(chat_template or "") if reasoning is None else reasoning
     return Parsers(TOOL_PARSERS.get(tool) if tool and tool != OFF else None,
-                   REASONING_PARSERS.get(reasoning) if reasoning and reasoning != OFF else None)
+                   REASONING_PARSERS.get(reasoning) if reasoning and reasoning != OFF else None, dict(specials or {}))
 
 
 def _neutral(name: str, x: Any) -> bool:
@@ -145,7 +149,7 @@ def plan(tools: Optional[ToolRequest], parsers: Parsers, structured: Any) -> Any
                                                       "(docs/tools.md), or send tool_choice \"none\"")])
     if not tools.enforced:
         return structured
-    return parsers.tool.enforced(tools.tools, tools.choice, tools.parallel)
+    return parsers.tool.enforced(tools.tools, tools.choice, tools.parallel, specials=parsers.specials)
 
 
 # ------------------------------------------------------------------ the history an agent loop sends

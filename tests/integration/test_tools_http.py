@@ -7,6 +7,7 @@ request beside other running requests leaving them as they were alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
@@ -276,3 +277,30 @@ def test_family_templates_run_the_tool_loop_plain_and_streamed(family):  # about
     answer = run(history, f"{kind}-2", False, tool_choice="none")
     assert answer[1] == [] and answer[2] in ("stop", "length")
     assert run(history, f"{kind}-2", True, tool_choice="none") == answer
+
+
+def test_tools_are_checked_off_the_event_loop_and_enforced_with_the_tokenizers_markers(live, llm, monkeypatch):
+    """Checking a tool compiles its schema (tens of ms the first time): never on the event loop, on
+    either door. An enforced call writes the format's markers as the tokenizer's added tokens."""
+    import celeris.engine.agents.tools as agent_tools
+
+    threads, real = [], agent_tools.parse_tools
+
+    def spy(*a, **kw):
+        try:
+            asyncio.get_running_loop()
+            threads.append("the event loop")
+        except RuntimeError:  # no loop runs here: a worker thread
+            threads.append("a worker")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(agent_tools, "parse_tools", spy)
+    r = sdk(live).chat.completions.create(model="celeris-tiny", messages=ASK, tools=TOOLS, tool_choice=NAMED,
+                                          max_tokens=64, seed=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    from celeris_client import CelerisClient
+
+    with CelerisClient(live.grpc_target) as c:
+        c.generate(ASK, tools=TOOLS, tool_choice="required", gen_length=64, seed=0)
+    assert threads == ["a worker", "a worker"]
+    assert live.server.http.parsers.specials == llm.tokenizer.special_markers
