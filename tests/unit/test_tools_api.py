@@ -43,7 +43,7 @@ class Hermes:
                 pass
         return kept.strip(), calls
 
-    def enforced(self, tools, choice, parallel):
+    def enforced(self, tools, choice, parallel, specials=None):
         return ("enforced", choice.mode, parallel)
 
 
