@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
 
 from celeris.engine.config import EngineConfig
-from celeris.engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, clip
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
 from celeris.engine.sampling.params import MAX_SEED, SamplingParams
 from celeris.engine.loop.sequence import Sequence
-from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
+from celeris.engine.structured.constraint import (LARGE_SCHEMA_CHARS, LARGE_SCHEMAS_WAITING, Compiler, Constraint,
+                                                 StructureError, Structured)
 from celeris.engine.tokenizer import Tokenizer
 
 Prompt = Union[str, Seq[int]]
@@ -70,6 +71,11 @@ class Requests:
         # Structured requests are built (their grammars compiled) on a thread of their own: a
         # burst of schemas queues behind itself, never in front of other requests' tokenizing.
         self._compiling = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-compile")
+        # Large schemas (over LARGE_SCHEMA_CHARS) on a lane of their own, a few waiting at most:
+        # one can compile for seconds, and it must not hold up the small schemas behind it.
+        self._compiling_large = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                      thread_name_prefix="celeris-compile-large")
+        self._large_waiting = 0  # large builds queued or compiling (read and written on the event loop)
 
     @property
     def family_vocab(self) -> int:
@@ -232,8 +238,19 @@ class Requests:
     async def build_async(self, req: Request) -> Sequence:
         """`build` in a worker thread, so tokenizing never stalls the caller's event loop (one
         with a structured output on the compile thread)."""
-        pool = self._encoder if req.structured is None else self._compiling
-        return await asyncio.get_running_loop().run_in_executor(pool, self.build, req)
+        loop = asyncio.get_running_loop()
+        if req.structured is None:
+            return await loop.run_in_executor(self._encoder, self.build, req)
+        if not req.structured.large:
+            return await loop.run_in_executor(self._compiling, self.build, req)
+        if self._large_waiting >= LARGE_SCHEMAS_WAITING:
+            raise Overloaded(f"{LARGE_SCHEMAS_WAITING} schemas over {LARGE_SCHEMA_CHARS} characters are already "
+                             f"compiling or waiting; they compile one at a time", retry_after_s=2.0)
+        self._large_waiting += 1
+        try:
+            return await loop.run_in_executor(self._compiling_large, self.build, req)
+        finally:
+            self._large_waiting -= 1
 
     def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
         """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""

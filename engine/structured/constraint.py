@@ -36,7 +36,13 @@ from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
-MAX_SCHEMA_CHARS = 32_768  # a schema's JSON text, checked before parsing
+MAX_SCHEMA_CHARS = 393_216  # a schema's JSON text, checked before parsing (JSONSchemaBench's largest served: 236 KB)
+# A schema over this many characters compiles on a lane of its own (engine/requests.py), one at a
+# time and at most LARGE_SCHEMAS_WAITING waiting: its compile can take seconds (one 99 KB schema
+# in JSON Schema Store takes 18 s, a cost llguidance's fuel limits do not bound), and it must not
+# delay the small schemas most requests send.
+LARGE_SCHEMA_CHARS = 32_768
+LARGE_SCHEMAS_WAITING = 4
 MAX_SCHEMA_NESTING = 32  # arrays/objects nested in a schema's JSON, checked before parsing (no recursion)
 GRAMMAR_CACHE = 256  # slot grammars remembered with their verdicts, per tokenizer
 MAX_CHOICES, MAX_CHOICE_CHARS = 256, 256
@@ -67,6 +73,14 @@ class Structured:
     kind: str
     value: object = None
     field: str = "structured_output"
+
+    @property
+    def large(self) -> bool:
+        """A schema over LARGE_SCHEMA_CHARS of JSON (the parsed value measured by re-encoding it)."""
+        if self.kind not in ("json_schema", "grammar") or self.value is None:
+            return False
+        n = len(self.value) if isinstance(self.value, str) else len(json.dumps(self.value))
+        return n > LARGE_SCHEMA_CHARS
 
 
 @dataclass(frozen=True)

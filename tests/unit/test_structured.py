@@ -209,7 +209,7 @@ def test_refusals_name_the_field(llm):
     with pytest.raises(InvalidRequest, match="stop"):
         llm.build(Request(prompt="x", params=replace(llm.defaults, stop=("}",)), structured=Structured("regex", "a{1,3}")))
     with pytest.raises(InvalidRequest, match="characters"):
-        llm.build(Request(prompt="x", structured=Structured("json_schema", "[" * 40_000)))
+        llm.build(Request(prompt="x", structured=Structured("json_schema", "[" * 400_000)))
 
 
 def test_constrain_in_place_equals_the_copy_and_the_copy_leaves_the_logits_alone():

@@ -14,7 +14,7 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from celeris.engine.errors import InvalidRequest
+from celeris.engine.errors import InvalidRequest, Overloaded
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured import constraint
@@ -141,3 +141,45 @@ def test_structured_builds_never_queue_in_front_of_other_requests(llm, monkeypat
 
     free, done_first = asyncio.run(main())
     assert free.constraint is None and done_first
+
+
+def _large_schema(n: int = 0) -> dict:
+    """An object schema whose JSON is over LARGE_SCHEMA_CHARS (many optional string keys)."""
+    props = {f"field_{n}_{i:04d}": {"type": "string", "maxLength": 8, "description": "x" * 40}
+             for i in range(constraint.LARGE_SCHEMA_CHARS // 60)}
+    return {"type": "object", "properties": props}
+
+
+def test_large_schemas_compile_on_their_own_lane_a_few_waiting_at_most(llm, monkeypatch):
+    """A schema over LARGE_SCHEMA_CHARS compiles on a lane of its own: while large ones are stuck
+    compiling, a small schema still builds; past LARGE_SCHEMAS_WAITING more are refused as
+    overload (retry later), not queued without bound."""
+    assert Structured("json_schema", _large_schema()).large and not Structured("regex", "[a-z]").large
+    release = threading.Event()
+    compile_ = constraint.Compiler.compile
+
+    def stuck_if_large(self, spec, *a):
+        if spec.large:
+            release.wait(60)
+        return compile_(self, spec, *a)
+
+    monkeypatch.setattr(constraint.Compiler, "compile", stuck_if_large)
+    big = [Structured("json_schema", _large_schema(k)) for k in range(constraint.LARGE_SCHEMAS_WAITING + 1)]
+
+    async def main():
+        stuck = [asyncio.ensure_future(llm.build_async(Request(prompt="x", params=_params(llm), structured=s)))
+                 for s in big[:-1]]
+        await asyncio.sleep(0)  # every stuck build has counted itself
+        with pytest.raises(Overloaded, match="one at a time"):
+            await llm.build_async(Request(prompt="x", params=_params(llm), structured=big[-1]))
+        small = await asyncio.wait_for(llm.build_async(Request(prompt="x", params=_params(llm),
+                                                               structured=Structured("regex", "[a-z]{1,4}"))), 30)
+        waiting = not any(t.done() for t in stuck)
+        release.set()
+        results = await asyncio.gather(*stuck, return_exceptions=True)
+        return small, waiting, results
+
+    small, waiting, results = asyncio.run(main())
+    assert small.constraint is not None and waiting
+    assert llm.requests._large_waiting == 0  # every place given back
+    assert all(not isinstance(r, Overloaded) for r in results)
