@@ -139,3 +139,40 @@ def test_diffusion_gemma_refuses_choice_probabilities_by_name(tmp_path):
         gemma.build(Request(prompt="Q:", params=replace(p, logprobs=0), structured=spec))
     assert e.value.violations[0].field == "structured_outputs.choice" and "DiffusionGemma" in str(e.value)
     assert gemma.run([gemma.build(Request(prompt="Q:", params=p, structured=spec))])[0].text in OPTIONS
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def amplifying(request, tmp_path_factory):
+    """A full-canvas checkpoint that turns a last-bit difference into a different number: weights at
+    3x scale, 4 layers, every head row with a twin a few ulps away (tests/unit/test_batch_invariance.py),
+    at two threads, where CPU GEMMs round a row by how many rows share them (1-3, 5-7, 9-11)."""
+    from celeris.engine.config import EngineConfig
+    from tests.unit.test_batch_invariance import _write
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    folder = _write(request.param, tmp_path_factory.mktemp(request.param))
+    yield LLM.load(folder, EngineConfig(max_batch=8, max_queue=16, max_prompt_tokens=64, max_gen_length=64,
+                                        forward_overhead_tokens=10**9))
+    torch.set_num_threads(threads)
+
+
+def test_probabilities_are_bitwise_the_same_alone_and_batched_on_a_rounding_sensitive_checkpoint(amplifying):
+    """The CPU forward pads its rows to a multiple of ROW_ALIGN (engine/families/canvas/runner.py),
+    so a choice's first-forward logits, and its probabilities, do not depend on the batch."""
+    llm = amplifying
+    options = ["a", "bc", "de f"]
+    p = replace(llm.defaults, gen_length=8, steps=8, block_length=8, seed=1, logprobs=0)
+
+    def choice(prompt):
+        return llm.build(Request(prompt=prompt, params=p, structured=Structured("choice", options, "choice")))
+
+    prompts = ["hello there", "a b", "the quick brown fox jumps"]
+    alone = [llm.run([choice(q)])[0].choice_probabilities for q in prompts]
+    for q, probs in zip(prompts, alone):
+        assert list(probs) == options and abs(sum(probs.values()) - 1) < 1e-6
+    for n in (0, 1, 3, 4):  # 2, 3, 5 and 6 rows share the first forward
+        free = [llm.build(Request(prompt="x y z " * (k + 1), params=replace(p, logprobs=None, temperature=1.0, seed=k)))
+                for k in range(n)]
+        mixed = llm.run([choice(q) for q in prompts[:2]] + free)
+        assert [r.choice_probabilities for r in mixed[:2]] == alone[:2], n

@@ -145,8 +145,8 @@ class BlockRunner:
         windows = [s.window for s in rows]
         B, Wq, Lc = len(rows), max(e - s for s, e in windows), max(e for _, e in windows)
         prefill = all(s.phase == PREFILL for s in rows)
-        if prefill:  # B * Wq a multiple of ROW_ALIGN: a prompt block's keys/values round alike in any chunk
-            Wq += -Wq % ROW_ALIGN
+        if prefill or self.device.type == "cpu":  # B * Wq a multiple of ROW_ALIGN: a row's keys/values
+            Wq += -Wq % ROW_ALIGN  # and logits round alike in any chunk and any batch (CPU GEMMs)
         static = self.static and not prefill  # prefill chunks run eager at their exact shape
         Bp = self.config.bucket_batch(B) if static else B
         geo = [[s.slot, start, end - start, s.params.block_length if s.phase == PREFILL else 0]

@@ -27,6 +27,7 @@ from celeris.engine.models.cache import CanvasCache, KVCacheStore
 from celeris.engine.config import EngineConfig
 from celeris.engine.families.family import Family, family_of
 from celeris.engine.models.graphs import GraphCache, use_graph
+from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.loop.runner_api import RowResult, StepStats, read_queued, select_step, structure_row
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
@@ -34,6 +35,13 @@ from celeris.engine.loop.sequence import Sequence
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)
+
+
+def _row_aligned(n: int) -> int:
+    """n rounded up to a multiple of ROW_ALIGN: an eager CPU forward pads its columns (left
+    padding, repeated fresh columns, spare window columns) so that a row's bits do not depend on
+    how many rows share its matmuls, nor on the batch's longest row (docs/architecture.md)."""
+    return n + -n % ROW_ALIGN
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,9 @@ class Runner:
             fresh = bucket_fresh
         else:
             B, L = n, longest
+            if self.device.type == "cpu":  # batch invariance: every matmul over a multiple of ROW_ALIGN rows
+                L, W = min(_row_aligned(L), self.max_len), _row_aligned(W)
+                fresh = _row_aligned(max(fresh, W + mode.endswith("-lead"))) if fresh else 0
         return Bucket(B, L, W, padded=B > n or any(s.length < L for s in seqs), fresh=fresh), graph
 
     def _pack(self, seqs: Seq[Sequence], mode: str, first_only: Seq[bool]):
