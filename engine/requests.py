@@ -20,7 +20,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, clip
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
-from celeris.engine.sampling.params import MAX_SEED, SamplingParams
+from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
 from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.constraint import (LARGE_SCHEMA_CHARS, LARGE_SCHEMAS_WAITING, Compiler, Constraint,
                                                  StructureError, Structured)
@@ -45,6 +45,10 @@ class Request:
     structured: Optional[Structured] = None  # structured output (engine/structured), None: free text
     cache_salt: Optional[str] = None  # the prefix cache's tenant: salts apart never share entries
     tools: Optional[Seq[dict]] = None  # chat only: OpenAI-shaped tools the chat template renders (engine/agents)
+    # The client set no length (no max_tokens / gen_length, steps or block_length): a structured
+    # output that needs more than the default canvas gets one as long as it needs, up to
+    # max_gen_length, instead of a refusal.
+    fit_canvas: bool = False
 
     def samples(self, n: int, first: int = 0, numbered: bool = False) -> list[Request]:
         """n samples of this request for a door's `n`: sample j uses seed + j when seeded (so it
@@ -161,7 +165,7 @@ class Requests:
         constraint = None
         if req.structured is not None and not v:
             try:
-                constraint = self.constraint(req.structured, params)
+                params, constraint = self._structure(req, params)
             except InvalidRequest as e:
                 v += e.violations
         if req.cache_salt is not None and (not isinstance(req.cache_salt, str) or len(req.cache_salt) > MAX_CACHE_SALT):
@@ -173,6 +177,28 @@ class Requests:
             self._check_choice_window(seq, req.structured.field)
         seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/models/prefix_cache.py)
         return seq
+
+    def _structure(self, req: Request, params: SamplingParams) -> tuple[SamplingParams, Constraint]:
+        """The request's constraint and the parameters it decodes with: a request that set no
+        length (`fit_canvas`) and whose structure needs more than the default canvas gets a canvas
+        as long as the structure needs (rounded up to whole blocks, at most max_gen_length)."""
+        try:
+            return params, self.constraint(req.structured, params)
+        except InvalidRequest as too_short:
+            longest = self.config.max_gen_length
+            if not req.fit_canvas or params.gen_length >= longest:
+                raise
+            try:
+                need = self.constraint(req.structured, replace(params, gen_length=longest)).layout.needed
+            except InvalidRequest:
+                raise too_short from None
+            if not params.gen_length < need <= longest:  # refused for another reason than its length
+                raise too_short from None
+            b = params.block_length
+            fitted = fit_lengths(params, {"gen_length": min(-(-need // b) * b, longest)})
+            if self.violations(fitted):
+                raise too_short from None
+            return fitted, self.constraint(req.structured, fitted)
 
     def constraint(self, spec: Structured, params: SamplingParams) -> Constraint:
         """A structured output's per-request state (sizes are checked before anything compiles;

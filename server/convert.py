@@ -134,8 +134,9 @@ def engine_request(req: pb.GenerateRequest, defaults: SamplingParams, parsers: P
                                                             "with structured_output")])
     structured = tools_api.plan(tools, parsers, structured)  # "required" / named: the parser's enforced call
     extra = {"tools": tools.template_tools()} if tools is not None and tools.tools else {}
+    fit = not any(req.HasField(f) for f in ("gen_length", "steps", "block_length"))  # a structure may size it
     return Request(prompt=prompt, token_ids=token_ids, messages=messages, params=sampling_params(req, defaults),
-                   request_id=req.request_id, structured=structured,
+                   request_id=req.request_id, structured=structured, fit_canvas=fit,
                    cache_salt=req.cache_salt if req.HasField("cache_salt") else None, **extra)
 
 

@@ -79,6 +79,7 @@ class GatewayRequest:
     structured: Optional[Structured] = None  # response_format / structured_outputs (server/structured_api.py)
     cache_salt: Optional[str] = None  # vLLM's: the prefix cache's tenant (docs/prefix-cache.md)
     tools: Optional[ToolRequest] = None  # chat tools, tool_choice, parallel_tool_calls (server/tools_api.py)
+    fit_canvas: bool = False  # no max_tokens, steps or block_length: a structure may size the canvas
 
     @property
     def prompt(self) -> Union[str, list[int]]:
@@ -216,13 +217,14 @@ def engine_requests(req: GatewayRequest, request_id: str) -> list[Request]:
         if req.chat:
             tools = req.tools.template_tools() if req.tools is not None else None
             one = Request(messages=req.messages, params=req.params, request_id=request_id,
-                          structured=req.structured, cache_salt=req.cache_salt, **({"tools": tools} if tools else {}))
+                          structured=req.structured, cache_salt=req.cache_salt, fit_canvas=req.fit_canvas,
+                          **({"tools": tools} if tools else {}))
         elif isinstance(prompt, str):
             one = Request(prompt=prompt, params=req.params, request_id=request_id,
-                          structured=req.structured, cache_salt=req.cache_salt)
+                          structured=req.structured, cache_salt=req.cache_salt, fit_canvas=req.fit_canvas)
         else:
             one = Request(token_ids=prompt, params=req.params, request_id=request_id,
-                          structured=req.structured, cache_salt=req.cache_salt)
+                          structured=req.structured, cache_salt=req.cache_salt, fit_canvas=req.fit_canvas)
         out += one.samples(req.n, first=i * req.n, numbered=numbered)
     return out
 
@@ -312,7 +314,8 @@ def parse_request(body: Any, defaults: SamplingParams, chat: bool, models: Seque
     diffusing = body.get("diffusing")
     return GatewayRequest(chat, prompts, messages, params, bool(body.get("stream")), bool(diffusing),
                           length_param, n, bool(echo), model, diffusing if diffusing in DIFFUSING_FORMATS else "delta",
-                          _include_usage(body), structured, body.get("cache_salt"), tools)
+                          _include_usage(body), structured, body.get("cache_salt"), tools,
+                          fit_canvas=not any(k in x for k in (length_param, "steps", "block_length")))
 
 
 def _include_usage(body: dict) -> bool:

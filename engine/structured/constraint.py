@@ -102,6 +102,7 @@ class Layout:
     # A choice's options as its slot would hold them: (text, canonical token ids), in the order
     # given (engine/sampling/choice.py scores them); () for every other kind.
     choices: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    needed: int = 0  # canvas tokens the structure needs at the most (0: bounded only by the canvas)
 
 
 class Compiler:
@@ -197,7 +198,7 @@ class Compiler:
             raise StructureError(f, f"its matches can take {need} tokens; the canvas (max_tokens) has {gen_length}")
         grammar = self._grammar(regex, f, r"[\x00-\x7f]*" if regex.isascii() else None)
         return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f),),
-                      self.tok.eos_id, "regex")
+                      self.tok.eos_id, "regex", needed=need)
 
     def _document(self, schema: object, gen_length: int, f: str, why: ValueError) -> Layout:
         """The whole-document path (document.py): one slot over the canvas, the document's own
@@ -291,7 +292,7 @@ class Compiler:
         slots = tuple(SlotSpec(start, part.max_bytes, self._grammar(part.regex, part.path, part.within),
                                self.json_filler, part.path) for start, part in placed)
         tail = min(self.tok.stop_ids) if self.tok.stop_ids else self.tok.eos_id
-        return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), slots, tail)
+        return Layout(tuple(canvas) + (tail,) * (gen_length - len(canvas)), slots, tail, needed=len(canvas))
 
 
 class Constraint:

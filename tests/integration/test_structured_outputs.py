@@ -107,3 +107,21 @@ def test_a_revising_model_serves_structured_outputs_on_both_doors(tmp_path):
             out = g.generate("Pick:", gen_length=16, seed=2, max_denoising_steps=3,
                              structured_output={"choice": ["red", "blue"]})
     assert out.text in ("red", "blue") and out.finish_reason == "stop"
+
+
+def test_without_max_tokens_the_canvas_is_sized_from_the_schema(live):
+    """A skeleton longer than the default canvas (64): with max_tokens it is refused naming the
+    canvas; without, on both doors, the canvas grows to what the schema needs and the output
+    validates."""
+    wide = {"type": "object", "required": [f"k{i}" for i in range(8)], "additionalProperties": False,
+            "properties": {f"k{i}": {"type": "string", "maxLength": 8} for i in range(8)}}
+    rf = {"type": "json_schema", "json_schema": {"name": "wide", "strict": True, "schema": wide}}
+    ask = dict(model="celeris-tiny", messages=[{"role": "user", "content": "Fill it."}], seed=0, response_format=rf)
+    with pytest.raises(openai.BadRequestError, match="canvas"):
+        sdk(live).chat.completions.create(max_tokens=64, **ask)
+    r = sdk(live).chat.completions.create(**ask)
+    jsonschema.validate(json.loads(r.choices[0].message.content), wide)
+    assert r.usage.completion_tokens > 64
+    with CelerisClient(live.grpc_target) as c:
+        out = c.generate("Fill it.", structured_output={"json_schema": wide}, seed=0)
+    jsonschema.validate(json.loads(out.text), wide)

@@ -183,3 +183,24 @@ def test_large_schemas_compile_on_their_own_lane_a_few_waiting_at_most(llm, monk
     assert small.constraint is not None and waiting
     assert llm.requests._large_waiting == 0  # every place given back
     assert all(not isinstance(r, Overloaded) for r in results)
+
+
+def test_a_request_without_a_length_gets_the_canvas_its_structure_needs(llm):
+    """No max_tokens (fit_canvas): a structure longer than the default canvas sizes it, in whole
+    blocks, up to max_gen_length; a client's own length is never changed; past max_gen_length the
+    refusal names the canvas as before."""
+    d = llm.defaults
+    spec = Structured("regex", "a{100}")  # 100 tokens at the most: more than the default 64
+    with pytest.raises(InvalidRequest, match="canvas"):
+        llm.build(Request(prompt="x", structured=spec))
+    seq = llm.build(Request(prompt="x", structured=spec, fit_canvas=True))
+    p = seq.params
+    assert p.gen_length == -(-100 // d.block_length) * d.block_length and p.block_length == d.block_length
+    assert p.steps == p.gen_length * d.steps // d.gen_length  # the defaults' steps per token
+    result = llm.run([seq])[0]
+    assert result.text == "a" * 100
+    too_long = Structured("regex", "a{600}")  # over max_gen_length (512)
+    with pytest.raises(InvalidRequest, match="canvas"):
+        llm.build(Request(prompt="x", structured=too_long, fit_canvas=True))
+    free = llm.build(Request(prompt="x", fit_canvas=True))  # nothing to fit: the defaults
+    assert free.params.gen_length == d.gen_length
