@@ -223,6 +223,8 @@ class ModelInfo:
     defaults: Defaults
     dtype: str
     device: str
+    family: str = ""  # "full" (LLaDA, Dream), "block" (SDAR, LLaDA2.x) or "revise" (DiffusionGemma)
+    token_editing: bool = False  # LLaDA2.1: written tokens of the current block may be replaced
 
     @classmethod
     def from_pb(cls, m: pb.GetModelInfoResponse) -> ModelInfo:
@@ -233,7 +235,7 @@ class ModelInfo:
                             REMASKING_NAMES.get(d.remasking, "unspecified"), d.frequency_penalty, d.presence_penalty,
                             d.max_denoising_steps, d.entropy_bound, d.t_min, d.t_max, d.stability_threshold,
                             d.confidence_threshold),
-                   m.dtype, m.device)
+                   m.dtype, m.device, m.family, m.token_editing)
 
 
 @dataclass(frozen=True)

@@ -378,4 +378,4 @@ def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
                                      max_denoising_steps=d.max_denoising_steps, entropy_bound=d.entropy_bound,
                                      t_min=d.t_min, t_max=d.t_max, stability_threshold=d.stability_threshold,
                                      confidence_threshold=d.confidence_threshold),
-        dtype=ec.dtype, device=ec.device)
+        dtype=ec.dtype, device=ec.device, family=llm.family.kind, token_editing=llm.family.edits)

@@ -84,6 +84,7 @@ async def test_grpc_model_info_reports_the_served_name(tiny_llm, serve):
     async with serve(served_model_names=("celeris-tiny", "tiny")) as (_, stub, _port):
         info = await stub.GetModelInfo(pb.GetModelInfoRequest())
         assert info.name == "celeris-tiny"
+        assert (info.family, info.token_editing) == ("full", False)  # a whole canvas (the LLaDA family)
     async with serve() as (_, stub, _port):
         assert (await stub.GetModelInfo(pb.GetModelInfoRequest())).name == tiny_llm.name
 

@@ -66,6 +66,7 @@ def test_grpc_streams_show_revisions_and_final_positions(live, gemma_llm, fmt):
         info = c.model_info()
         snaps = list(c.stream(PROMPT, stream_format=fmt, **KNOBS))
     assert info.architecture == "diffusion-gemma" and info.mask_token_id == info.vocab_size == 96
+    assert (info.family, info.token_editing) == ("revise", False)
     assert (info.defaults.max_denoising_steps, info.defaults.stability_threshold) == (48, 1)
     assert all(s.revising for s in snaps)
     assert _check_contract(snaps) > 0  # the canvas being denoised changed what it had shown

@@ -461,7 +461,7 @@ class SamplingDefaults(_message.Message):
     def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device")
+    __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device", "family", "token_editing")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +472,8 @@ class GetModelInfoResponse(_message.Message):
     DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_EDITING_FIELD_NUMBER: _ClassVar[int]
     name: str
     architecture: str
     parameter_count: int
@@ -482,7 +484,9 @@ class GetModelInfoResponse(_message.Message):
     defaults: SamplingDefaults
     dtype: str
     device: str
-    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameter_count: _Optional[int] = ..., vocab_size: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    family: str
+    token_editing: bool
+    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameter_count: _Optional[int] = ..., vocab_size: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., family: _Optional[str] = ..., token_editing: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "apply_chat_template")
