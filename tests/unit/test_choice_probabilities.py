@@ -103,7 +103,8 @@ def test_probabilities_are_scored_once_on_the_first_forwards_raw_logits(llm, mon
     assert (ids[OPTIONS.index("no")][len(seq.constraint.layout.choices[1][1]):] == llm.tokenizer.eos_id).all()
     calls = []
     real = api.option_probabilities
-    monkeypatch.setattr(api, "option_probabilities", lambda lg, i: calls.append((lg.clone(), i, seq.nfe)) or real(lg, i))
+    monkeypatch.setattr(api, "option_probabilities",
+                        lambda lg, i: calls.append((lg.clone(), i, seq.nfe)) or real(lg, i))
     res = llm.run([seq])[0]
     assert len(calls) == 1 and calls[0][2] == getattr(seq, "prefill_steps", 0)  # the first decoding forward
     logits, got_ids, _ = calls[0]
