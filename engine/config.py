@@ -345,11 +345,23 @@ class EngineConfig:
     # lengths step in separate forwards when that is cheaper (engine/loop/batching.py). None: 256 on
     # CPU, 4096 on CUDA (a GPU forward costs about the same for a few rows as for a full bucket).
     forward_overhead_tokens: Optional[int] = None
+    # The most tokens one forward computes (rows x their padded length; vLLM's
+    # max_num_batched_tokens): a larger group of running rows steps part of its rows at a time,
+    # those that waited longest first, so a short request never waits behind one long forward.
+    # None: 2048 on CPU (its forward's time grows with its tokens); no limit on CUDA (a forward
+    # of a few rows costs about what a full one does); 0: no limit.
+    max_forward_tokens: Optional[int] = None
     # engine/parallel: ranks the model is split over (1: this process alone), experts whole per
     # rank instead of sliced, and how long a collective may wait before a rank counts as hung.
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
     collective_timeout_s: float = 120.0
+
+    @property
+    def forward_token_budget(self) -> Optional[int]:
+        if self.max_forward_tokens is not None:
+            return self.max_forward_tokens or None  # 0: no limit
+        return 2048 if self.device == "cpu" else None
 
     @property
     def overhead_tokens(self) -> int:

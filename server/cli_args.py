@@ -68,6 +68,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="the prefix cache's memory budget in GiB (default 1; 0 turns it off)")
     ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                     help="block models: prefill a long prompt in chunks between the running requests' steps (default on)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                    help="the most tokens one forward computes (rows x length, vLLM's name): a larger batch steps "
+                         "its rows in turns, so a short request never waits behind one long forward "
+                         "(default: 2048 on the CPU, no limit on CUDA; 0 = no limit)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                     help="split the model over N processes, one per device (docs/parallel.md; default 1)")
     ap.add_argument("--expert-parallel", action="store_true",
@@ -86,7 +90,7 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
 
 
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:
-    """EngineConfig fields of the prefix cache and chunked prefill flags (vLLM's names)."""
+    """EngineConfig fields of the prefix cache, chunked prefill and batched-token flags (vLLM's names)."""
     from celeris.engine.config import EngineConfig
     from celeris.engine.models.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, budget_from_gb
 
@@ -94,6 +98,13 @@ def prefill_config(a: argparse.Namespace, kw: dict) -> dict:
     budget = 0 if enable is False else budget_from_gb(gb) if gb is not None else (
         DEFAULT_PREFIX_CACHE_BYTES if enable else None)
     out: dict = {"prefix_cache_bytes": budget}
+    tokens = getattr(a, "max_num_batched_tokens", None)
+    if tokens is not None:
+        if tokens < 0:
+            from celeris.engine.errors import EngineError
+
+            raise EngineError(f"--max-num-batched-tokens {tokens}: at least 1 (0 = no limit)")
+        out["max_forward_tokens"] = tokens
     if not getattr(a, "enable_chunked_prefill", True):  # a prompt's whole blocks in one forward
         out.update(chunked_prefill=False, prefill_chunk=kw.get("max_prompt_tokens", EngineConfig.max_prompt_tokens))
     return out

@@ -72,6 +72,9 @@ class StepRunner(Protocol):
     def forward_overhead_tokens(self) -> int:
         """What one more forward costs, in tokens of padding it would save (the grouping's price)."""
 
+    # Optional: `forward_token_budget` (Optional[int]), the most tokens one forward may compute
+    # (rows x padded length); a larger group steps part of its rows (StepLoop.next_batch).
+
     def row_tokens(self, seq: Sequence) -> int:
         """Columns this row's next forward computes: the scheduler's cost estimate."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from celeris.engine.loop import fair_share
-from celeris.engine.loop.batching import Picker, partition
+from celeris.engine.loop.batching import Group, Picker, partition
 from celeris.engine.errors import Overloaded, row_error
 from celeris.engine.loop.runner_api import RowResult, StepRunner, StepStats
 from celeris.engine.loop.sequence import Sequence, StepEvent
@@ -61,6 +61,7 @@ class StepLoop:
         self.max_queue = max_queue
         # What one more forward costs, in tokens of padding it would save: the grouping's price.
         self.overhead = overhead if overhead is not None else runner.forward_overhead_tokens
+        self.budget: Optional[int] = getattr(runner, "forward_token_budget", None)  # tokens a forward, at most
         self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
@@ -141,8 +142,17 @@ class StepLoop:
         batch: list[Sequence] = []
         for rows in kinds.values():
             groups = partition(rows, self.runner.row_tokens, self.overhead)
-            batch += (groups[0] if len(groups) == 1 else self.picker.pick(groups)).rows
+            batch += self._within_budget(groups[0] if len(groups) == 1 else self.picker.pick(groups))
         return batch
+
+    def _within_budget(self, group: Group[Sequence]) -> list[Sequence]:
+        """A group's rows, at most the runner's token budget of them in one forward: a larger
+        group steps those that waited longest first (round robin among its rows), so a request
+        arriving beside it waits for one small forward, not one long one."""
+        if self.budget is None or len(group.rows) * group.tokens <= self.budget:
+            return group.rows
+        k = max(1, self.budget // max(1, group.tokens))
+        return sorted(group.rows, key=lambda s: (-s.skipped, s.ticket))[:k]
 
     def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
         """Admit, run one batched forward + selection for the group that steps, apply results,

@@ -103,10 +103,14 @@ def test_another_client_is_served_beside_sixteen_samples_at_a_gpu_pace(spawn):
 
 def test_another_client_is_served_beside_sixteen_samples_of_the_real_model(spawn):
     """The tiny model on the CPU: the short call's row and the hog's long rows run as separate
-    forwards (engine/loop/batching.py), so the short one steps at least every other step, and each
-    step's time is the hog's long forward: the time ratio is the CPU's, not the policy's."""
+    forwards (engine/loop/batching.py), the short one first (least work left), and the hog's rows
+    step a 2048-token budget of them at a time (the CPU default of --max-num-batched-tokens), so
+    the short call waits for one small forward of the hog's, not one of all its rows. Printed beside
+    the same server without the budget (--max-num-batched-tokens 0); asserted in steps only."""
     alone, beside, hog_running = _beside_the_hog(spawn)
     _report("celeris-tiny on the CPU", alone, beside)
+    unbounded = _beside_the_hog(spawn, "--max-num-batched-tokens", "0")
+    _report("celeris-tiny on the CPU, no token budget", *unbounded[:2])
     assert beside[1] <= 2 * alone[1] + 4, (alone, beside)
     assert hog_running, "the n=16 call ended before the short one: nothing was measured"
-    assert beside[2] == alone[2]
+    assert beside[2] == alone[2] == unbounded[1][2]

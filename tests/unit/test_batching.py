@@ -149,3 +149,22 @@ def test_rows_in_different_forwards_of_the_runner_step_together(tiny_model_dir):
     while not llm.loop.idle:
         llm.loop.step()
     assert llm.result(late).token_ids == llm.result(alone).token_ids  # who steps beside changes no token
+
+
+def test_a_group_over_the_token_budget_steps_its_rows_in_turns(tiny_model_dir):
+    """max_forward_tokens: four like rows of ~80 tokens under a 200-token budget step two at a
+    time, those that waited longest first (each row every other step); the tokens are those of
+    one forward over all four."""
+    prompts = [list(range(10 + k, 74 + k)) for k in range(4)]
+    config = dict(max_batch=8, max_prompt_tokens=256, max_gen_length=64)
+    budgeted = LLM.load(tiny_model_dir, EngineConfig(max_forward_tokens=200, **config))
+    whole = LLM.load(tiny_model_dir, EngineConfig(max_forward_tokens=0, **config))
+    p = replace(whole.defaults, gen_length=16, steps=16, block_length=8, seed=0)
+    assert budgeted.runner.forward_token_budget == 200 and whole.runner.forward_token_budget is None
+    seqs = [budgeted.sequence(x, p, request_id=str(i)) for i, x in enumerate(prompts)]
+    done, batches = _run(budgeted, seqs)
+    assert all(len(ids) == 2 for ids in batches) and len(batches) == 2 * 16
+    assert batches[0] != batches[1] and set(batches[0]) | set(batches[1]) == {"0", "1", "2", "3"}
+    assert [budgeted.result(s).token_ids for s in seqs] == \
+        [whole.result(s).token_ids for s in _finished(whole, prompts, p)]
+    assert EngineConfig().forward_token_budget == 2048  # the CPU default

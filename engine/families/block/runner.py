@@ -89,6 +89,10 @@ class BlockRunner:
     def forward_overhead_tokens(self) -> int:
         return self.config.overhead_tokens
 
+    @property
+    def forward_token_budget(self) -> Optional[int]:
+        return self.config.forward_token_budget
+
     @staticmethod
     def row_tokens(s: BlockSequence) -> int:
         """Fresh columns of this row's next forward, plus its cached context at a 1/32 weight

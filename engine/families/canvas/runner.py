@@ -99,6 +99,10 @@ class Runner:
     def forward_overhead_tokens(self) -> int:
         return self.config.overhead_tokens
 
+    @property
+    def forward_token_budget(self) -> Optional[int]:
+        return self.config.forward_token_budget
+
     def row_tokens(self, s: Sequence) -> int:
         """Columns this row's next forward computes (twice with CFG): the scheduler's cost estimate."""
         mode, _ = self._plan(s)

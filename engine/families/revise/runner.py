@@ -48,6 +48,10 @@ class ReviseRunner:
     def forward_overhead_tokens(self) -> int:
         return self.config.overhead_tokens
 
+    @property
+    def forward_token_budget(self) -> Optional[int]:
+        return self.config.forward_token_budget
+
     def row_tokens(self, s: RevisingSequence) -> int:
         """The canvas's queries over the keys it reads: prompt, committed canvases, the canvas."""
         return self.canvas_length + len(s.prompt) + s.final_length
