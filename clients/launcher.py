@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Optional
 
 CLIENT_COMMANDS = ("generate", "batch", "bench")
-# What `celeris.server.cli` adds (tests/unit/test_launcher.py keeps this in step with its parser).
+# What `celeris.server.cli` adds (tests/unit/clients/test_launcher.py keeps this in step with its parser).
 SERVER_COMMANDS = {
     "serve": "run the gRPC server (and optionally the HTTP gateway and web page)",
     "run": "one in-process generation, no server",

@@ -173,7 +173,7 @@ class TensorThread:
     small regions waits for a wake-up). Measured on 2 CPUs (celeris-tiny, batch 16, gen 64,
     threshold 0.9, dual cache): a step took 16 ms on the thread that loaded the model, 29-31 ms
     on a second thread (as on the first under OMP_WAIT_POLICY=passive), and 16 ms again when
-    the second thread had done the loading (`tests/unit/test_threads.py` checks which thread
+    the second thread had done the loading (`tests/unit/loop/test_threads.py` checks which thread
     runs the jobs, not the speed).
 
     A daemon thread, like the scheduler's own: a job that never ends cannot hold the

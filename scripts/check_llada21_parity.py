@@ -9,7 +9,7 @@ Celeris neither ships nor fetches it: point this script at a folder that holds t
 
 It writes a tiny random LLaDA2 checkpoint (tests/unit/block_references/checkpoints.py: the
 published tensor names, float32), loads it with the published class (eager attention), and
-runs the cases of tests/unit/test_llada21.py (blocks 4 and 8 x six threshold / editing /
+runs the cases of tests/unit/families/test_llada21.py (blocks 4 and 8 x six threshold / editing /
 post-step settings x three prompts) through:
 
 - `as published`: the published `generate()` unchanged;

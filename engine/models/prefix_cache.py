@@ -7,7 +7,7 @@ a later request whose prompt starts with the same blocks copies them into its sl
 prefills only the rest. The copy is the very bits a cold prefill computes: prefill attention runs
 one block of queries at a time (`attention._block_causal`) and every prefill GEMM has a row count
 that is a multiple of `moe.ROW_ALIGN`, so a block's keys/values do not depend on the chunk it was
-computed in (tests/unit/test_prefix_cache.py checks it bitwise, and token for token).
+computed in (tests/unit/models/test_prefix_cache.py checks it bitwise, and token for token).
 
 Entries are one tensor per block, (layers, 2, Hk, b, Dh), shared read-only (copied into a slot,
 never attended in place), evicted least recently used under a byte budget. `cache_salt` (vLLM's

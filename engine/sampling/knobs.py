@@ -3,7 +3,7 @@
 Each `Knob` carries the field's name, kind, default, choices and help, and its name on each
 surface (HTTP body field, CLI flag, GenerateRequest field). The HTTP parser, the CLI flags and
 the gRPC converter read their knob names from here; the client's keywords, the web page's controls
-and the proto are checked against it by tests/unit/test_knobs.py, and `docs/sampling.md` is
+and the proto are checked against it by tests/unit/sampling/test_knobs.py, and `docs/sampling.md` is
 generated from it (`python -m celeris.engine.sampling.knobs > docs/sampling.md`). Adding a knob: a `SamplingParams`
 field (with `knob(...)`), a column of `SamplingBatch`, the proto field, its use in the sampler.
 """

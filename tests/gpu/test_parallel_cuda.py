@@ -1,5 +1,5 @@
 """Tensor and expert parallelism on CUDA (NCCL): size 2 decodes what one GPU decodes (skipped
-without two GPUs; the CPU tests in tests/unit/test_parallel.py carry the same checks on gloo)."""
+without two GPUs; the CPU tests in tests/unit/models/test_parallel.py carry the same checks on gloo)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);Scheduler._work (engine/loop/scheduler.py:375)"
 
 

@@ -13,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROTOS = ROOT / "protos"
 STUB_DIR = ROOT / "clients" / "celeris" / "v1"  # shipped by the client distribution
 PROTO = "celeris/v1/generation.proto"

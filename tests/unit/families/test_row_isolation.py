@@ -48,7 +48,7 @@ def _bad(llm: LLM) -> Sequence:
 
 def _empty_language(llm: LLM, seq: Sequence) -> None:
     """What a compile-time check could miss: the slot's grammar swapped for an empty language
-    (today's compiler refuses `[^\\s\\S]` itself; tests/unit/test_structured_limits.py)."""
+    (today's compiler refuses `[^\\s\\S]` itself; tests/unit/structured/test_structured_limits.py)."""
     comp = llm.requests._compiler
     layout = seq.constraint.layout
     empty = llguidance.LLMatcher.grammar_from_regex(r"[^\s\S]")

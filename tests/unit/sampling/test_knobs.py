@@ -23,7 +23,7 @@ from celeris.server.cli_args import add_sampling_args, sampling_from_args
 from celeris.server.convert import sampling_params
 from celeris.server.openai_api import parse_request
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # One non-default value per knob, exactly representable in float32 (the proto's floats).
 SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5, "remasking": "margin",
            "threshold": 0.75, "factor": 1.5, "editing_threshold": 0.5, "max_post_steps": 4,

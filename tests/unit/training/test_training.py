@@ -105,7 +105,7 @@ def test_long_canvas_additions_draw_the_long_canvases_they_are_weighted_to(tmp_p
     from collections import Counter
     from tokenizers import Tokenizer
     from celeris.engine.training import tasks
-    shipped = Path(__file__).resolve().parents[2] / "engine" / "training" / "celeris-tiny"
+    shipped = Path(__file__).resolve().parents[3] / "engine" / "training" / "celeris-tiny"
     tok = Tokenizer.from_file(str(shipped / "tokenizer.json"))
     novels = {"Emma": ["Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years."] * 60}
     b = data.make_batches(tok, novels, seed=7)

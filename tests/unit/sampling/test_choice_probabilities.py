@@ -145,10 +145,10 @@ def test_diffusion_gemma_refuses_choice_probabilities_by_name(tmp_path):
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def amplifying(request, tmp_path_factory):
     """A full-canvas checkpoint that turns a last-bit difference into a different number: weights at
-    3x scale, 4 layers, every head row with a twin a few ulps away (tests/unit/test_batch_invariance.py),
+    3x scale, 4 layers, every head row with a twin a few ulps away (tests/unit/families/test_batch_invariance.py),
     at two threads, where CPU GEMMs round a row by how many rows share them (1-3, 5-7, 9-11)."""
     from celeris.engine.config import EngineConfig
-    from tests.unit.test_batch_invariance import _write
+    from tests.unit.families.test_batch_invariance import _write
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
