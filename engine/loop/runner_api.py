@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Protocol, Sequence as Seq
+from typing import Any, Callable, Optional, Protocol, Sequence as Seq
 
 import torch
 
@@ -61,6 +61,21 @@ class StepStats:
     seconds: float
     cuda_graph: bool = False
     forwards: int = 1  # model calls this step (more than one when cache refresh groups differ)
+
+
+class ConfigCosts:
+    """The scheduler's two cost knobs, read from a runner's EngineConfig (`self.config`): what one
+    more forward costs in tokens, and the most tokens one forward may compute."""
+
+    config: Any
+
+    @property
+    def forward_overhead_tokens(self) -> int:
+        return self.config.overhead_tokens
+
+    @property
+    def forward_token_budget(self) -> Optional[int]:
+        return self.config.forward_token_budget
 
 
 class StepRunner(Protocol):

@@ -37,11 +37,12 @@ from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import ROW_ALIGN, MoE
 from celeris.engine.models.prefix_cache import slot_prefixes
-from celeris.engine.loop.runner_api import EMPTY, RowResult, StepStats, read_queued, select_step, structure_row
+from celeris.engine.loop.runner_api import (EMPTY, ConfigCosts, RowResult, StepStats, read_queued, select_step,
+                                            structure_row)
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 
 
-class BlockRunner:
+class BlockRunner(ConfigCosts):
     def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
         self.model, self.config = model, config
         self.family = family or family_of(model.cfg)
@@ -84,14 +85,6 @@ class BlockRunner:
             self._moes = [m for m in self.model.modules() if isinstance(m, MoE)]
         for m in self._moes:
             m.static = on
-
-    @property
-    def forward_overhead_tokens(self) -> int:
-        return self.config.overhead_tokens
-
-    @property
-    def forward_token_budget(self) -> Optional[int]:
-        return self.config.forward_token_budget
 
     @staticmethod
     def row_tokens(s: BlockSequence) -> int:

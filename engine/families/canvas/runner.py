@@ -29,7 +29,8 @@ from celeris.engine.families.family import Family, family_of
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
-from celeris.engine.loop.runner_api import RowResult, StepStats, read_queued, select_step, structure_row
+from celeris.engine.loop.runner_api import (ConfigCosts, RowResult, StepStats, read_queued, select_step,
+                                            structure_row)
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.loop.sequence import Sequence
 
@@ -66,7 +67,7 @@ class View(NamedTuple):
     out_index: torch.Tensor  # (B, W) the window's columns
 
 
-class Runner:
+class Runner(ConfigCosts):
     def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
         self.model = model
         self.config = config
@@ -94,14 +95,6 @@ class Runner:
             with torch.inference_mode(False):
                 self.kv = self.model.kv_store(KVCacheStore, self.slots + 1, self.max_len)
         return self.kv
-
-    @property
-    def forward_overhead_tokens(self) -> int:
-        return self.config.overhead_tokens
-
-    @property
-    def forward_token_budget(self) -> Optional[int]:
-        return self.config.forward_token_budget
 
     def row_tokens(self, s: Sequence) -> int:
         """Columns this row's next forward computes (twice with CFG): the scheduler's cost estimate."""

@@ -26,7 +26,7 @@ from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.families.revise.sampler import ReviseParams, StepResult
 from celeris.engine.families.revise.slots import SlotState, RowStep, step_rows
 from celeris.engine.sampling.select import token_logprobs
-from celeris.engine.loop.runner_api import RowResult, StepStats, row_logprobs
+from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, row_logprobs
 
 DENOISE = "denoise"
 
@@ -36,21 +36,13 @@ def revise_params(p: SamplingParams) -> ReviseParams:
     return ReviseParams.of(p)
 
 
-class ReviseRunner:
+class ReviseRunner(ConfigCosts):
     def __init__(self, model: DiffusionGemma, config: EngineConfig, family: Family):
         self.model, self.config, self.family = model, config, family
         self.slots = config.max_batch
         self.canvas_length = model.cfg.canvas_length
         self.pad_id = model.cfg.pad_token_id
         self.rows: dict[int, SlotState] = {}  # slot -> the model side of its request
-
-    @property
-    def forward_overhead_tokens(self) -> int:
-        return self.config.overhead_tokens
-
-    @property
-    def forward_token_budget(self) -> Optional[int]:
-        return self.config.forward_token_budget
 
     def row_tokens(self, s: RevisingSequence) -> int:
         """The canvas's queries over the keys it reads: prompt, committed canvases, the canvas."""
