@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.server_process import ROOT
 from tests.integration.hf_cache import COMMIT, REPO_ID, hf_cache
 
@@ -23,6 +25,7 @@ def _bench(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_bench_in_process_takes_a_hub_id_offline(tmp_path):
     hf_cache(tmp_path / "hub")
     report = tmp_path / "bench.json"
@@ -32,6 +35,7 @@ def test_bench_in_process_takes_a_hub_id_offline(tmp_path):
     assert r["conditions"]["model"] == REPO_ID and r["results"]["ok"] == 2
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_bench_in_process_missing_hub_id_is_one_line(tmp_path):
     (tmp_path / "hub").mkdir()
     out = _bench(tmp_path, "--model", "celeris-org/not-cached")

@@ -58,6 +58,7 @@ def reference(kind: str, folder, prompt: list[int], block_length: int, spb: int,
     return out
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 async def test_sixteen_concurrent_requests_at_different_blocks_equal_the_published_loop(block_model):
     kind, folder, llm = block_model
     block_length, spb, threshold = 4, 4, 0.3
@@ -97,6 +98,7 @@ async def test_every_stream_mode_ends_with_the_same_final_message(block_model, m
         assert len(msgs) <= G // 4 + 2
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 async def test_delta_stream_of_a_block_model_rebuilds_the_full_stream(block_model):
     """Block models decode past gen_length and run prefill/store steps that commit nothing:
     the delta stream still rebuilds every full message."""

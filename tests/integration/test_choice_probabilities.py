@@ -42,6 +42,7 @@ def _check(probs: dict) -> dict:
     return probs
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_http_completions_and_chat_return_choice_probabilities(live):
     alone = _check(_completion(live, logprobs=0)["choices"][0]["choice_probabilities"])
     assert "choice_probabilities" not in _completion(live)["choices"][0]  # not asked: not there

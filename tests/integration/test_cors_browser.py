@@ -51,6 +51,7 @@ def cross_origin_fetch(driver, page: str, api: str) -> dict:
     return driver.execute_async_script(FETCH, api)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("allowed", ["origin", "*"])
 def test_openai_sdk_headers_pass_cors_from_an_allowed_origin(tiny_llm, browser, other_origin, allowed):  # noqa: F811
     origins = (other_origin,) if allowed == "origin" else ("*",)
@@ -60,6 +61,7 @@ def test_openai_sdk_headers_pass_cors_from_an_allowed_origin(tiny_llm, browser, 
     assert isinstance(result["text"], str)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_browser_on_another_origin_is_refused(tiny_llm, browser, other_origin):  # noqa: F811
     with live_server(tiny_llm, allowed_origins=("https://app.example.com",), api_token="s3cret") as s:
         result = cross_origin_fetch(browser, other_origin, s.http_url)

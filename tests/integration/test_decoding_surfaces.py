@@ -145,6 +145,7 @@ def test_celeris_generate_n_prints_each_sample(tiny_llm):
     assert out.stdout.splitlines() == expected
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_penalties_reach_the_engine_on_every_surface():
     """frequency / presence penalty over gRPC, HTTP and the Python client decode as the engine
     does; out of range is refused by name."""

@@ -122,6 +122,7 @@ def llm256(tiny_model_dir):
     return LLM.load(tiny_model_dir, EngineConfig(max_batch=4, max_queue=4, max_prompt_tokens=64, max_gen_length=256))
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("gen", [64, 256])
 async def test_delta_bytes_are_a_tenth_of_full_snapshots(llm256, gen):
     req = dict(gen_length=gen, steps=gen, block_length=32, temperature=0.0, seed=1)

@@ -109,6 +109,7 @@ def requests(draw) -> pb.GenerateRequest:
     return pb.GenerateRequest(**kw)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(req=requests())
 def test_validation_accepts_or_rejects_cleanly(tiny_llm, req):

@@ -64,6 +64,7 @@ async def test_forward_passes_count_model_calls_with_guidance(serve):
     assert after[1] - before[1] == 8 and after[0] - before[0] == 16
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 async def test_a_cancelled_request_id_is_reusable_at_once(serve, tiny_llm, monkeypatch):
     real_step = tiny_llm.loop.step_later
 

@@ -60,6 +60,7 @@ def _check_contract(snaps) -> int:
     return revised
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("fmt", ["full", "delta"])
 def test_grpc_streams_show_revisions_and_final_positions(live, gemma_llm, fmt):
     with CelerisClient(live.grpc_target) as c:
@@ -149,6 +150,7 @@ def test_mask_models_mark_committed_positions_final(tiny_llm):
         assert all(t.final == (not t.masked) for t in s.tokens)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_concurrent_requests_through_the_scheduler_decode_their_solo_text(live, gemma_llm):
     """Requests of different seeds and lengths streamed at once share the scheduler's steps; each
     decodes what the library decodes for it alone."""

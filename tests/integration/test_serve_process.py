@@ -18,6 +18,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LONG_DRAIN = "60"  # far longer than any wait below: a stop that honours it cannot pass for "at once"
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_sigint_on_an_idle_server_exits_without_the_drain(spawn):
     proc = spawn("--drain-seconds", LONG_DRAIN, "--grace-seconds", LONG_DRAIN)
     t0 = time.monotonic()
@@ -28,6 +29,7 @@ def test_sigint_on_an_idle_server_exits_without_the_drain(spawn):
     assert "server.stopped" in events
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_sigterm_on_an_idle_server_still_drains(spawn):
     proc = spawn("--drain-seconds", LONG_DRAIN)
     proc.send_signal(signal.SIGTERM)
@@ -41,6 +43,7 @@ def test_sigterm_on_an_idle_server_still_drains(spawn):
     assert signal_lines and signal_lines[0]["signal"] == "SIGTERM" and signal_lines[0]["idle"] is False
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     from tests.integration.server_process import free_port
 
@@ -71,6 +74,7 @@ def test_health_probes_are_logged_at_debug_only_and_served_names_listed(spawn):
     assert probes and {r["level"] for r in probes} == {"debug"}
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("door", ["gRPC", "HTTP", "metrics"])
 def test_a_port_in_use_prints_one_line_and_nothing_else(door, tiny_model_dir, tmp_path):
     """The promised line, alone: no gRPC core log line, no shutdown records of the doors that had
@@ -92,6 +96,7 @@ def test_a_port_in_use_prints_one_line_and_nothing_else(door, tiny_model_dir, tm
         out.stderr
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("how", ["env", "env-blank", "flag"])
 def test_an_empty_api_key_is_an_error_at_start_not_auth_off(how, tiny_model_dir, tmp_path):
     """`CELERIS_API_TOKEN=` (a Secret with an empty value) or `--api-key ''` meant "require a key":

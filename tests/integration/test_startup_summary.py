@@ -7,6 +7,8 @@ import json
 import os
 import urllib.request
 
+import pytest
+
 from tests.integration.server_process import free_port
 
 
@@ -20,6 +22,7 @@ def records(path) -> list[dict]:
     return out
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_serve_logs_a_summary_and_warns_of_too_many_threads(spawn):
     http_port, too_many = free_port(), len(os.sched_getaffinity(0)) + 1
     proc = spawn("--http-port", str(http_port), "--metrics-on-http-port", "--threads", str(too_many))
@@ -36,6 +39,7 @@ def test_serve_logs_a_summary_and_warns_of_too_many_threads(spawn):
     assert w["level"] == "warning" and "--threads" in w["message"] and w["threads"] == too_many
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_serve_without_http_names_only_the_grpc_target(spawn):
     proc = spawn()
     (s,) = [r for r in records(proc.log_path) if r.get("event") == "celeris.serving"]

@@ -28,6 +28,7 @@ def live():
         yield s
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_ref_schema_is_served_valid_on_the_document_path(live):
     c = openai.OpenAI(base_url=live.http_url + "/v1", api_key="unused", max_retries=0, timeout=300)
     seen = []
@@ -48,6 +49,7 @@ def test_a_ref_schema_is_served_valid_on_the_document_path(live):
         assert f'celeris_structured_requests_total{{path="{path}"}} 1.0' in metrics
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_grpc_names_the_path_in_its_initial_metadata(live):
     import grpc
 

@@ -24,6 +24,7 @@ def bench():
         sys.path.remove(str(SCRIPTS))
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_grpc_and_http_doors_give_valid_outputs(bench):
     jobs = [("json_schema", bench.SCHEMAS[8], 0), ("json_schema", bench.SCHEMAS[16], 0),
             ("regex", bench.REGEXES[2][1], 0), ("choice", bench.REGEXES[8][1], 0)]

@@ -31,6 +31,7 @@ def sdk(live) -> openai.OpenAI:
     return openai.OpenAI(base_url=live.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_openai_sdk_json_schema_json_object_and_vllm_fields(live):
     c = sdk(live)
     rf = {"type": "json_schema", "json_schema": {"name": "thing", "strict": True, "schema": SCHEMA}}
@@ -109,6 +110,7 @@ def test_a_revising_model_serves_structured_outputs_on_both_doors(tmp_path):
     assert out.text in ("red", "blue") and out.finish_reason == "stop"
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_without_max_tokens_the_canvas_is_sized_from_the_schema(live):
     """A skeleton longer than the default canvas (64): with max_tokens it is refused naming the
     canvas; without, on both doors, the canvas grows to what the schema needs and the output

@@ -56,6 +56,7 @@ def client(live):
         yield c
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_two_turn_tool_loop_streamed_and_not(client):
     first = client.generate(ASK, tools=WEATHER_ONLY, tool_choice=NAMED, request_id="loop-1", **KNOBS)
     assert first.finish_reason == "tool_calls" and len(first.tool_calls) == 1 and not first.content
@@ -72,6 +73,7 @@ def test_two_turn_tool_loop_streamed_and_not(client):
     assert answer.message()["content"] == answer.text  # "none": the answer is not read
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_grpc_and_http_read_one_answer_the_same(live, client):
     """The same request on both doors: the same calls, ids included (they derive from the request id)."""
     import openai
@@ -87,6 +89,7 @@ def test_grpc_and_http_read_one_answer_the_same(live, client):
         c.openai() for c in grpc_.tool_calls]
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_required_and_named_calls_validate_against_their_schemas(client):
     for seed, choice in enumerate(["required", NAMED, {"name": "add"}]):
         r = client.generate(ASK, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, gen_length=64, steps=16,
@@ -102,6 +105,7 @@ def pinned(text: str) -> dict:
     return {"regex": "".join("\\" + ch if ch in "\\.^$|?*+()[]{}" else ch for ch in text)}
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_auto_reads_a_call_and_leaves_a_malformed_one_as_content(client):
     good = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     bad = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": </tool_call>'
@@ -175,6 +179,7 @@ def test_grpcurl_sends_tools_as_json(live):
     jsonschema.validate(json.loads(call["arguments"]), WEATHER)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_reasoning_is_split_out_with_a_reasoning_parser():
     llm = LLM.load(config=EngineConfig(max_prompt_tokens=896, max_gen_length=128))
     with live_server(llm, tool_call_parser="hermes", reasoning_parser="qwen3") as s, \

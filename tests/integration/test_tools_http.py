@@ -81,6 +81,7 @@ def turn(c: openai.OpenAI, messages, rid: str, stream: bool, **kw):
     return msg.content or "", dumped(msg.tool_calls or []), r.choices[0].finish_reason
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_two_turn_tool_loop_plain_and_streamed(live):
     c = sdk(live)
     first = turn(c, ASK, "loop-1", False, tool_choice=NAMED)
@@ -99,6 +100,7 @@ def test_two_turn_tool_loop_plain_and_streamed(live):
     assert turn(c, history, "loop-2", True, tool_choice="none") == answer
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_required_and_named_calls_validate_against_their_schemas(live):
     c = sdk(live)
     for seed, choice in enumerate(["required", NAMED, {"type": "function", "function": {"name": "add"}}] * 2):
@@ -111,6 +113,7 @@ def test_required_and_named_calls_validate_against_their_schemas(live):
         jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS[calls[0].function.name])
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_auto_parses_a_well_formed_call_and_returns_a_malformed_one_as_content(live):
     c = sdk(live)
     # The model's own text under "auto", pinned with a choice so the test does not depend on its taste.
@@ -135,6 +138,7 @@ def test_auto_parses_a_well_formed_call_and_returns_a_malformed_one_as_content(l
                 assert finish == "stop" and calls == [] and content == text
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_the_docs_agent_loop_runs(live, capsys):
     """docs/tools.md's "An agent loop with the openai SDK" example, run as written against this server."""
     import re
@@ -179,6 +183,7 @@ def test_completions_refuse_tools_by_name(live):
     assert e.value.body["param"] == "tools"
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_tool_request_beside_running_requests_leaves_them_alone(live):
     c = sdk(live)
     prose = dict(model="celeris-tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=64,
@@ -240,6 +245,7 @@ def family(request, tmp_path_factory):
         yield request.param, s
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_family_templates_run_the_tool_loop_plain_and_streamed(family):  # about 5 s a family
     kind, live = family
     c = sdk(live)

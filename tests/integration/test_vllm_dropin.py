@@ -53,6 +53,7 @@ def _celeris(*argv: str, env: dict | None = None, timeout: float = 120) -> subpr
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("command", [("run", "--prompt", "x"), ("serve", "--no-http")])
 def test_device_cuda_without_cuda_is_one_line_naming_the_build(command):
     import torch
@@ -67,6 +68,7 @@ def test_device_cuda_without_cuda_is_one_line_naming_the_build(command):
         assert "CPU-only build" in line and "--index-url https://download.pytorch.org/whl/cu" in line
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_serve_a_hub_id_offline_from_the_cache_positionally(tmp_path):
     """`celeris serve org/name`, HF_HUB_OFFLINE=1, the cache in $HF_HUB_CACHE: served under the id."""
     cache = hf_cache(tmp_path / "hub")
@@ -89,6 +91,7 @@ def test_serve_a_hub_id_offline_from_the_cache_positionally(tmp_path):
         proc.close()
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_run_a_hub_id_with_revision_and_download_dir_offline(tmp_path):
     cache = hf_cache(tmp_path / "models")
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "home")}
@@ -108,6 +111,7 @@ def _free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_bare_celeris_serve_answers_the_openai_sdk_on_8000(tmp_path):
     """The README's first command: `celeris serve` with no flags (the thread count aside: a test
     machine is shared), then the openai SDK at http://127.0.0.1:8000/v1."""

@@ -61,6 +61,7 @@ def test_max_model_len_is_what_the_server_reports_and_enforces():
         build(2, 64)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_max_model_len_over_the_models_own_limit_is_a_start_up_error():
     from celeris.engine.llm import LLM
 

@@ -101,6 +101,7 @@ def test_include_usage_without_a_stream_is_accepted_and_moot(tiny_live):
     assert status == 400 and err["error"]["param"] == "stream_options"
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_api_key_flag_and_metrics_on_the_api_port(spawn):
     """A real `celeris serve --api-key ... --metrics-on-http-port`: the key guards generation,
     /metrics on the HTTP port answers without it and counts the request."""

@@ -11,6 +11,8 @@ import os
 import urllib.request
 import json
 
+import pytest
+
 from tests.integration.browser import browser, fill, live  # noqa: F401  (fixtures)
 
 WIDTH, HEIGHT = 1280, 800
@@ -56,6 +58,7 @@ def open_page(browser, url: str) -> None:  # noqa: F811
     WebDriverWait(browser, 30).until(lambda d: d.find_element("tag name", "body").get_attribute("data-family"))
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_generate_and_the_canvas_share_one_1280x800_viewport(live, browser):  # noqa: F811
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -80,6 +83,7 @@ def test_generate_and_the_canvas_share_one_1280x800_viewport(live, browser):  # 
     assert "· 0 running" in header, header
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_only_the_loaded_families_knobs_show(live, browser):  # noqa: F811
     card = json.loads(urllib.request.urlopen(live.http_url + "/v1/models").read())["data"][0]
     assert card["celeris"] == {"architecture": "llada", "family": "full", "token_editing": False}

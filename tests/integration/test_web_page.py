@@ -38,6 +38,7 @@ def test_page_is_served_without_a_token(tiny_llm):
     assert 'id="canvas"' in page and "/v1/completions" in page and "diffusing: true" in page
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_browser_shows_the_canvas_refining(live, browser):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -74,6 +75,7 @@ def test_browser_shows_the_canvas_refining(live, browser):
     assert browser.find_element("id", "step").text == f"{frames[-1]['step']}/16"
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_browser_shows_the_models_guesses_in_masked_cells(live, browser):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -98,6 +100,7 @@ def test_browser_shows_the_models_guesses_in_masked_cells(live, browser):
     assert frames[-1]["text"] == json.loads(urllib.request.urlopen(req).read())["choices"][0]["text"]
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_browser_reproduces_a_seed_past_2_53(live, browser):
     """A seed JavaScript cannot hold as a number: the page sends and shows it as a string, and the
     run matches the server's for that exact seed."""
@@ -140,6 +143,7 @@ def run_page(browser, timeout: float = 60) -> str:
     return browser.find_element("tag name", "body").get_attribute("data-state")
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_generate_clears_at_once_errors_on_a_blank_canvas_and_fields_by_their_labels(live, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -180,6 +184,7 @@ def test_generate_clears_at_once_errors_on_a_blank_canvas_and_fields_by_their_la
     assert browser.find_element("id", "canvas").text == "" and browser.find_element("id", "final").text == ""
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_page_has_a_favicon_the_browser_can_draw(live, browser):
     browser.get(live.http_url + "/")
     href = browser.execute_script("return document.querySelector('link[rel=icon]').href")
@@ -209,6 +214,7 @@ def test_the_default_prompt_is_one_the_embedded_model_answers():
     assert out.text.strip() == str(a + b)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_browser_marks_a_revising_models_cells_as_they_change(browser, tmp_path_factory):
     """DiffusionGemma (tiny, random): cells of the canvas being denoised are shown as may-change
     and a replaced cell is marked in the frame that replaces it; the page ends on the final text."""

@@ -52,6 +52,7 @@ def test_package_respects_import_direction(package):
     assert not offenders, "\n".join(offenders)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_the_client_dispatch_is_explicit_and_lazy():
     cli = ROOT / "server" / "cli.py"
     assert "celeris_client.cli" in imports_of(cli), "the dispatch must be a real import the walker sees"
@@ -92,6 +93,7 @@ def test_clients_import_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_no_import_uses_a_folder_name():
     """`from engine.x import y` works from a checkout's top but not installed (and would load a second
     copy of the module beside `celeris.engine.x`): every file imports the installed names."""

@@ -56,6 +56,7 @@ def _check(out, expect=None, parser=HERMES) -> list:
     return calls
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_named_calls_validate_for_every_schema(llm, tools):
     outs = llm.run([_build(llm, tools, ToolChoice("function", t.name), seed=1) for t in tools])
     for t, out in zip(tools, outs):
@@ -69,6 +70,7 @@ def test_required_picks_a_tool_among_all_twenty(llm, tools):
         assert s % 2 == 0 or len(calls) == 1
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_alone_equals_batched_and_a_bad_tool_fails_alone(llm, tools):
     named = ToolChoice("function", "mcp_query_db")
     alone = llm.run([_build(llm, tools, named, seed=3)])[0]

@@ -52,6 +52,7 @@ def _batched(model, jobs) -> list[list[int]]:
     return [s.final for s in seqs]
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_requests_decode_alone_and_in_batches_of_2_to_24_alike(model):
     jobs = _jobs(sum(BATCHES))
     alone = [generate(model, prompt, p, seed, new, (), 0) for prompt, seed, p, new in jobs]

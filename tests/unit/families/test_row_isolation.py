@@ -115,6 +115,7 @@ def test_one_rows_failure_ends_it_alone_and_the_batch_is_unchanged(llm, shape, n
     assert llm.loop.idle and sorted(llm.loop.free_slots) == list(range(llm.runner.slots))
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm):
     """Through the asyncio scheduler: the failed request's stream raises its error; the rest end
     normally with the tokens of a run without it."""

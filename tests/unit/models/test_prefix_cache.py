@@ -65,6 +65,7 @@ def prefill_kv(llm: LLM, prompt: list[int]) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_prompt_blocks_keys_and_values_are_bitwise_the_same_in_any_chunk(folder):
     prompt = ids(150, seed=1)
     whole = prefill_kv(engine(folder, cache_bytes=0, chunk=256), prompt)
@@ -73,6 +74,7 @@ def test_a_prompt_blocks_keys_and_values_are_bitwise_the_same_in_any_chunk(folde
         assert all(torch.equal(a, b) for a, b in zip(whole, chunked)), chunk
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_four_turn_chat_decodes_the_same_with_the_cache_alone_and_in_a_batch(folder):
     cold, warm, batched = engine(folder, cache_bytes=0), engine(folder), engine(folder)
     others = [ids(20 + 7 * i, seed=100 + i) for i in range(8)]
@@ -92,6 +94,7 @@ def test_a_four_turn_chat_decodes_the_same_with_the_cache_alone_and_in_a_batch(f
     assert 0 < stats.hit_tokens < stats.queried_tokens and stats.bytes_used <= stats.budget_bytes
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_budget_of_a_few_mb_holds_while_200_distinct_prompts_evict():
     budget = 3 << 20
     llm = engine("celeris-tiny-block", cache_bytes=budget, batch=8)
@@ -139,6 +142,7 @@ def test_lru_evicts_the_least_recently_used_block():
     assert not cache.has(b"b") and cache.has(b"a") and cache.evictions == 1 and cache.bytes_used == 48
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_long_prompt_prefills_in_small_chunks_while_others_denoise_and_decodes_the_same(folder):
     others = [ids(16, seed=200 + i) for i in range(8)]
     long = ids(480, seed=4)

@@ -158,6 +158,7 @@ def amplifying(request, tmp_path_factory):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_probabilities_are_bitwise_the_same_alone_and_batched_on_a_rounding_sensitive_checkpoint(amplifying):
     """The CPU forward pads its rows to a multiple of ROW_ALIGN (engine/families/canvas/runner.py),
     so a choice's first-forward logits, and its probabilities, do not depend on the batch."""

@@ -54,6 +54,7 @@ def _reference(llm, prompt: str, p: SamplingParams) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("kw", [dict(frequency_penalty=0.5), dict(presence_penalty=1.0),
                                 dict(frequency_penalty=0.3, presence_penalty=0.4, threshold=0.9)])
 def test_engine_equals_the_reference_loop_with_the_same_penalty(shipped, kw):
@@ -67,6 +68,7 @@ def test_engine_equals_the_reference_loop_with_the_same_penalty(shipped, kw):
     assert got.token_ids  # and the public path runs the same request
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_penalty_breaks_the_greedy_loop_and_its_neighbour_is_untouched(shipped):
     prompt = shipped.encode_prompt("Edward had been staying several weeks in the")
     base = fit_lengths(shipped.defaults, {"gen_length": 64, "seed": 0, "frequency_penalty": 0.0,
@@ -81,6 +83,7 @@ def test_a_penalty_breaks_the_greedy_loop_and_its_neighbour_is_untouched(shipped
     assert distinct_ngrams(penalised.split()) >= 0.9  # the loop is broken (one 4-gram may recur)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_block_model_rows_follow_the_penalty(shipped):
     block = LLM.load("celeris-tiny-block")
     prompt = block.encode_prompt("Edward had been staying several weeks in the")

@@ -66,12 +66,14 @@ def cpu_index():
     server.shutdown()
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_no_gpu_takes_the_cpu_index(tmp_path, cpu_index):
     said, pip = _run(tmp_path, cpu_index)
     assert pip == f"-m pip install --quiet --index-url {cpu_index} torch==2.13.0"
     assert f"torch for cpu from PyTorch's CPU index ({cpu_index})" in said
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_an_unreachable_cpu_index_falls_back_to_the_default_index(tmp_path):
     dead = "http://127.0.0.1:9/whl/cpu"  # the discard port: connection refused at once
     said, pip = _run(tmp_path, dead)
@@ -80,6 +82,7 @@ def test_an_unreachable_cpu_index_falls_back_to_the_default_index(tmp_path):
     assert "installed torch " in said  # the build it got, named
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_gpu_takes_the_default_cuda_wheel(tmp_path, cpu_index):
     said, pip = _run(tmp_path, cpu_index, gpu=True)
     assert pip == "-m pip install --quiet torch==2.13.0"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);Scheduler._work (engine/loop/scheduler.py:375)"
 
@@ -33,6 +35,7 @@ def test_samples_are_split_by_where_the_step_thread_is():
     assert _split(raw) == {"idle": 7, "forward": 30, "runner": 9, "other": 4}
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_stopped_profile_stops_its_server():
     """SIGTERM while py-spy samples: the script exits and its `celeris serve` child is gone."""
     import os

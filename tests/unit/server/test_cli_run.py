@@ -31,6 +31,7 @@ def test_run_threshold_uses_fewer_forwards(tiny_model_dir, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] < 32
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.parametrize("args,flag", [
     (["--gen-length", "12", "--block-length", "8"], "--block-length"),
     (["--gen-length", "16", "--block-length", "4", "--steps", "6"], "--steps"),
@@ -45,6 +46,7 @@ def test_bad_values_exit_nonzero_with_one_line_naming_the_flag(tiny_model_dir, a
     assert len(lines) == 1 and flag in lines[0], p.stderr
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_missing_model_folder(tmp_path):
     p = run_cli("run", "--model", str(tmp_path / "absent"), "--prompt", "hi")
     assert p.returncode != 0
@@ -62,6 +64,7 @@ def test_generation_config_sets_model_defaults(tiny_model_dir, tmp_path, capsys)
     assert out["steps"] <= 4 and len(out["token_ids"]) <= 8
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_run_timings_split_on_the_embedded_model():
     """The start-up split is printed and recorded; loading the embedded model no longer pulls in
     torch._dynamo (the meta-device init did, about 1 s), and stays a small part of the start-up."""

@@ -185,6 +185,7 @@ def test_large_schemas_compile_on_their_own_lane_a_few_waiting_at_most(llm, monk
     assert all(not isinstance(r, Overloaded) for r in results)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_a_request_without_a_length_gets_the_canvas_its_structure_needs(llm):
     """No max_tokens (fit_canvas): a structure longer than the default canvas sizes it, in whole
     blocks, up to max_gen_length; a client's own length is never changed; past max_gen_length the

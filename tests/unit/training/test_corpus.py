@@ -144,6 +144,7 @@ def test_lines_to_paragraphs_keeps_only_the_story():
 # ---- the real corpus (downloads ~1.6 MB with apt-get) -----------------------------------------
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @pytest.mark.skipif(
     shutil.which("apt-get") is None or shutil.which("dpkg") is None,
     reason="needs Debian's apt-get and dpkg",

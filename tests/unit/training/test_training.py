@@ -82,6 +82,7 @@ def test_training_smoke_run_produces_a_loadable_model(tmp_path, arch):
     assert "| threshold 0.9 |" in format_report(report)
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 @needs_apt
 def test_supervised_examples_end_in_eos_padding_to_their_canvas(tmp_path):
     from celeris.engine.training.corpus import load_austen
@@ -99,6 +100,7 @@ def test_supervised_examples_end_in_eos_padding_to_their_canvas(tmp_path):
                 assert set(ex.response[first:]) == {data.EOS_ID}
 
 
+@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_long_canvas_additions_draw_the_long_canvases_they_are_weighted_to(tmp_path):
     """The long-canvas phase's addition batches follow `tasks.LONG_CANVAS_WEIGHTS`: mostly
     canvas 256, and every canvas still seen."""
