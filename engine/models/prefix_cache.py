@@ -4,10 +4,11 @@ A prompt's whole blocks are prefilled block-causally: the keys/values of block i
 the tokens of blocks 0..i (and the block length, which shapes the mask). So they are keyed by a
 hash chain, key_i = H(key_{i-1}, tokens of block i), rooted in H(cache_salt, block length), and
 a later request whose prompt starts with the same blocks copies them into its slot's cache and
-prefills only the rest. The copy is the very bits a cold prefill computes: prefill attention runs
-one block of queries at a time (`attention._block_causal`) and every prefill GEMM has a row count
-that is a multiple of `moe.ROW_ALIGN`, so a block's keys/values do not depend on the chunk it was
-computed in (tests/unit/models/test_prefix_cache.py checks it bitwise, and token for token).
+prefills only the rest. The copy is the very bits a cold prefill computes: a prefill runs one
+part per block, whose queries attend unmasked over exactly the keys the block sees
+(`BlockRunner._parts`), and every GEMM has a row count that is a multiple of `moe.ROW_ALIGN`, so
+a block's keys/values depend neither on the chunk it was computed in nor on the rows beside it
+(tests/unit/models/test_prefix_cache.py checks it bitwise, and token for token).
 
 Entries are one tensor per block, (layers, 2, Hk, b, Dh), shared read-only (copied into a slot,
 never attended in place), evicted least recently used under a byte budget. `cache_salt` (vLLM's
@@ -149,10 +150,11 @@ class SlotPrefixes:
         self.cache.record(len(seq.prompt), hit)
 
     def offer(self, seqs) -> None:
-        """After a prefill forward: hold the blocks of each row's window that the cache lacks.
-        Their keys/values were written in place at the slot's columns by that forward."""
+        """After a prefill forward: hold the prompt blocks of each row's chunk that the cache
+        lacks. Their keys/values were written in place at the slot's columns by that forward (a
+        first block that joined decoding holds provisional ones: never offered)."""
         for s in seqs:
-            start, end = s.window
+            start, end = s.prefill_window
             b = s.params.block_length
             new = [i for i in range(start // b, end // b) if not self.cache.has(s.prefix_keys[i])]
             if not new:

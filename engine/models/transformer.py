@@ -154,7 +154,8 @@ class MaskPredictor(nn.Module):
     def forward(self, ids: torch.Tensor, key_mask: Optional[torch.Tensor] = None,
                 positions: Optional[torch.Tensor] = None, out_index: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, return_kv: bool = False,
-                spans: Optional[list[RowSpan] | Spans] = None, head: bool = True):
+                spans: Optional[list[RowSpan] | Spans] = None, head: bool = True,
+                head_rows: Optional[int] = None):
         """ids (B, L) -> logits (B, L, V), or (B, W, V) at `out_index` (B, W) positions.
 
         key_mask (B, L) is False at (left) padding keys; None means no padding, which keeps the
@@ -164,7 +165,8 @@ class MaskPredictor(nn.Module):
         `cache.fresh` of the cached rows and positions must be given. `spans` (block models)
         say per row which queries and keys are real and may meet (a list: row by row; `Spans`:
         one masked kernel of static shape, with a `cache.BlockCache`); head=False skips the head
-        (a prefill only wants the keys/values).
+        (a prefill only wants the keys/values), head_rows=n runs it on the first n rows only (a
+        block step's prefill rows follow the rows that select).
         Dream's logit shift is applied here so callers never see it.
         """
         B, L = ids.shape
@@ -196,7 +198,9 @@ class MaskPredictor(nn.Module):
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)
         if out_index is not None:
             x = torch.gather(x, 1, out_index[..., None].expand(-1, -1, x.shape[-1]))  # (B, W, D)
-        logits = self.head(x) if head else None
+        if head_rows is not None:
+            x = x[:head_rows]
+        logits = self.head(x) if head and x.shape[0] else None
         return (logits, kvs) if return_kv else logits
 
 

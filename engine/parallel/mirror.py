@@ -154,9 +154,10 @@ class MirroredModel(nn.Module):
         return MirroredStore(self.shard.kv_store(cls, rows, max_len, **kw), self.channel)
 
     def forward(self, ids: torch.Tensor, key_mask=None, positions=None, out_index=None,
-                cache: Optional[KVCache] = None, return_kv: bool = False, spans=None, head: bool = True):
+                cache: Optional[KVCache] = None, return_kv: bool = False, spans=None, head: bool = True,
+                head_rows: Optional[int] = None):
         kw = dict(key_mask=key_mask, positions=positions, out_index=out_index, return_kv=return_kv,
-                  spans=spans, head=head)
+                  spans=spans, head=head, head_rows=head_rows)
         # A cache's keys/values are each rank's own (read just before, or its block store);
         # only its indices travel.
         if cache is None:

@@ -2,13 +2,18 @@
 
 Every slot owns a row of token ids and a row of keys/values at absolute positions (column =
 position), so a request's cache is the prefix of its row: every block it has committed. A step
-batches all running requests whatever block each is at, in at most two forwards:
+batches all running requests whatever block each is at:
 
 - prefill rows: the next chunk of their prompt's whole blocks, block-causally (a query sees
-  every key whose block is not after its own), keys/values stored;
+  every key whose block is not after its own), keys/values stored; one part (a row of the
+  forward) per block, each over its slot's keys up to its end;
 - block rows: each request's current block over its cached prefix, bidirectional inside the
   block. A denoise row then commits tokens (`select_tokens`, the published rules); a
   store row (its block just finished) writes the block's keys/values to the cache.
+
+On the per-row path (the CPU) both run in one forward where their blocks are as wide, and a
+prompt's last chunk brings its first block's first denoise step along (`_parts`;
+engine/families/block/chunked_prefill.py); the static path runs prefill rows, then block rows.
 
 Fresh positions replace nothing: their keys/values are written in place at their columns of
 the slot's cache (a prefill's and a store row's for good; a denoise row's are rewritten by its
@@ -28,7 +33,7 @@ from typing import Callable, Optional, Sequence as Seq
 import torch
 
 from celeris.engine.models.attention import Spans
-from celeris.engine.families.block.sequence import DENOISE, PREFILL, BlockSequence
+from celeris.engine.families.block.sequence import PREFILL, BlockSequence
 from celeris.engine.models.cache import BlockCache, BlockKVStore
 from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
 from celeris.engine.config import EngineConfig
@@ -104,6 +109,7 @@ class BlockRunner(ConfigCosts):
         if seq.constraint is not None:  # structured outputs: the skeleton is committed from the start
             row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
         self.tokens[seq.slot].copy_(row.to(self.device))
+        seq.fuse_first_block = self.fuses  # (set again each step; read by its planned steps)
         if self.prefixes is not None:  # the prompt's cached blocks: prefill only the rest
             self.prefixes.load(seq)
 
@@ -112,42 +118,85 @@ class BlockRunner(ConfigCosts):
         """On an accelerator `step(during=...)` runs host work before the read of its results."""
         return self.device.type != "cpu"
 
+    @property
+    def fuses(self) -> bool:
+        """Whether a step may put prefill and block rows in one forward, and a prompt's last chunk
+        with its first block (`BlockSequence.fuse_first_block`): on the per-row path, where a
+        row's bits do not depend on what shares its forward; the static path keeps them apart."""
+        return not self.static
+
     @torch.no_grad()
     def step(self, seqs: Seq[BlockSequence], during: Optional[Callable[[], None]] = None
              ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         forwards, widest, graphed, reads = 0, (0, 0, 0), False, []
         cap_prefill_chunks(seqs, self.config.chunked_prefill)
-        for group in ([i for i, s in enumerate(seqs) if s.phase == PREFILL],
-                      [i for i, s in enumerate(seqs) if s.phase != PREFILL]):
-            if not group:
-                continue
+        for s in seqs:
+            s.fuse_first_block = self.fuses
+        for group in self._groups(seqs):
             rows = [seqs[i] for i in group]
             self._graphed = False
-            reads.append((group, self._forward(rows)))
-            if self.prefixes is not None and rows[0].phase == PREFILL:  # its keys/values are in the slots now
-                self.prefixes.offer(rows)
+            read, B, Wq = self._forward(rows)
+            reads.append((group, read))
+            prefill = [s for s in rows if s.phase == PREFILL]
+            if self.prefixes is not None and prefill:  # their chunks' keys/values are in the slots now
+                self.prefixes.offer(prefill)
             forwards += 1
             graphed |= self._graphed
-            B, Wq = len(rows), max(s.window[1] - s.window[0] for s in rows)
             widest = max(widest, (B * Wq, B, Wq))
         results, committed = read_queued(reads, len(seqs), during)
         return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
                                   graphed, forwards)
 
-    def _forward(self, rows: list[BlockSequence]) -> Callable[[], list[RowResult]]:
-        """One forward over the rows' fresh windows; select where a row denoises. Every row's
+    def _groups(self, seqs: Seq[BlockSequence]) -> list[list[int]]:
+        """The step's forwards, as row indices: prefill rows and block rows together where the
+        runner `fuses` and their parts are as wide (no padding added), else apart."""
+        prefill = [i for i, s in enumerate(seqs) if s.phase == PREFILL]
+        block = [i for i, s in enumerate(seqs) if s.phase != PREFILL]
+        if self.fuses and prefill and block and self._width(seqs, prefill) == self._width(seqs, block):
+            return [prefill + block]
+        return [g for g in (prefill, block) if g]
+
+    @staticmethod
+    def _width(seqs: Seq[BlockSequence], group: list[int]) -> int:
+        """The padded width of a forward of these rows' parts (one block each)."""
+        w = max(seqs[i].params.block_length for i in group)
+        return w + -w % ROW_ALIGN
+
+    @staticmethod
+    def _parts(rows: list[BlockSequence]) -> list[tuple[int, int, int, int, bool]]:
+        """(row, slot, start, width, selects) of one forward, selecting parts first: a block row
+        is one part; a prefill row is one part per prompt block of its chunk, then its first
+        block if it joins decoding. A prompt block's part attends, bidirectionally, over its
+        slot's keys up to its end: block-causal prefill, the very call a block row makes, so its
+        keys/values round alike in any chunk and beside any rows (and so the prefix cache is
+        exact). Every part writes its keys/values before any part of the layer attends, so a
+        part sees the blocks before it in the same forward."""
+        parts = []
+        for r, s in enumerate(rows):
+            if s.phase != PREFILL:
+                start, end = s.window
+                parts.append((r, s.slot, start, end - start, True))
+                continue
+            b, (lo, hi) = s.params.block_length, s.prefill_window
+            parts += [(r, s.slot, a, b, False) for a in range(lo, hi, b)]
+            if s.joins_decode:
+                parts.append((r, s.slot, hi, b, True))
+        return [p for p in parts if p[4]] + [p for p in parts if not p[4]]
+
+    def _forward(self, rows: list[BlockSequence]) -> tuple[Callable[[], list[RowResult]], int, int]:
+        """One forward over the rows' parts (`_parts`); select where a row denoises. Every part's
         keys/values land in the cache in place, so those of a prefill, a store step and an editing
-        block's last post step (`BlockSequence.stores_block`) are the ones kept."""
-        windows = [s.window for s in rows]
-        B, Wq, Lc = len(rows), max(e - s for s, e in windows), max(e for _, e in windows)
-        prefill = all(s.phase == PREFILL for s in rows)
-        if prefill or self.device.type == "cpu":  # B * Wq a multiple of ROW_ALIGN: a row's keys/values
+        block's last post step (`BlockSequence.stores_block`) are the ones kept. -> (the read of
+        the rows' results, parts, padded width)."""
+        parts = self._parts(rows)
+        B, H = len(parts), sum(p[4] for p in parts)
+        Wq, Lc = max(p[3] for p in parts), max(p[2] + p[3] for p in parts)
+        if H < B or self.device.type == "cpu":  # B * Wq a multiple of ROW_ALIGN: a row's keys/values
             Wq += -Wq % ROW_ALIGN  # and logits round alike in any chunk and any batch (CPU GEMMs)
-        static = self.static and not prefill  # prefill chunks run eager at their exact shape
+        static = self.static and H == B  # prefill parts run eager at their exact shape
         Bp = self.config.bucket_batch(B) if static else B
-        geo = [[s.slot, start, end - start, s.params.block_length if s.phase == PREFILL else 0]
-               for s, (start, end) in zip(rows, windows)]
+        geo = [[slot, start, width, 0] for _, slot, start, width, _ in parts]
         geo += [[self.slots, 0, 0, 0]] * (Bp - B)  # padding rows: the spare slot, nothing real
         slots, start, width, causal = torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device)
         j = torch.arange(Wq, device=self.device)
@@ -171,11 +220,19 @@ class BlockRunner(ConfigCosts):
                 logits = self._static_forward(Lk, *inputs)
         else:
             spans = Spans(width, start + width, causal)
-            cache = BlockCache(self.kv, slots, cols, Lc, [(s.slot, e) for s, (_, e) in zip(rows, windows)])
-            logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head=not prefill)
-        if prefill:
-            return lambda: [EMPTY] * B
-        return self._select(rows, logits[:B], ids[:B], real[:B], slots[:B], start[:B])
+            cache = BlockCache(self.kv, slots, cols, Lc, [(p[1], p[2] + p[3]) for p in parts])
+            logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head_rows=H)
+        if not H:
+            return (lambda: [EMPTY] * len(rows)), B, Wq
+        order = [p[0] for p in parts[:H]]  # a row has at most one selecting part
+        read = self._select([rows[r] for r in order], logits[:H], ids[:H], real[:H], slots[:H], start[:H])
+
+        def results() -> list[RowResult]:
+            out = [EMPTY] * len(rows)
+            for r, result in zip(order, read()):
+                out[r] = result
+            return out
+        return results, B, Wq
 
     def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end, causal) -> torch.Tensor:
         """The block forward at a fixed shape: one masked attention kernel per layer over the
@@ -197,15 +254,15 @@ class BlockRunner(ConfigCosts):
         call that reads the rows' results."""
         B, Wq = ids.shape
         dev = self.device
-        denoise = torch.tensor([s.phase == DENOISE for s in rows], device=dev)
+        denoise = torch.tensor([s.denoising for s in rows], device=dev)
         candidate = real & (ids == self.mask_id) & denoise[:, None]
         batch = SamplingBatch.build([RowKnobs(s.params, s.tokens_this_step, s.noise_step, s.stop_ids, edits=s.edits_now)
                                      for s in rows], B, self.model.cfg.vocab_size, dev)
         pos = start[:, None] + torch.arange(Wq, device=dev)[None, :]  # absolute positions key the noise
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
-        constraints = [structure_row(s.constraint if s.phase == DENOISE else None, s.window[0] - len(s.prompt),
-                                     s.window[1] - s.window[0], Wq) for s in rows]
+        constraints = [structure_row(s.constraint if s.denoising else None, s.block_window[0] - len(s.prompt),
+                                     s.block_window[1] - s.block_window[0], Wq) for s in rows]
         editable = None
         if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
             editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])
@@ -213,6 +270,6 @@ class BlockRunner(ConfigCosts):
         new, read = select_step(logits, batch, window, self.family.rule, real & denoise[:, None], constraints,
                                 [(s.params.block_length, 0) for s in rows], editable)
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
-            w = s.window[1] - s.window[0]
-            self.tokens[s.slot, s.window[0]:s.window[1]] = new[r, :w]
+            a, e = s.block_window
+            self.tokens[s.slot, a:e] = new[r, :e - a]
         return read

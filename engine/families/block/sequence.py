@@ -13,7 +13,10 @@ output is the first G. Each request moves through phases, one forward each:
   prefill (the next chunk of whole prompt blocks) -> denoise (the current block, until no mask
   is left) -> store (the finished block's keys/values written to the cache) -> denoise ...
 
-A block that finishes the request (a stop token, or the last block) is not stored.
+A block that finishes the request (a stop token, or the last block) is not stored. Where the
+runner fuses (`fuse_first_block`, its per-row path), the prefill step of the prompt's last chunk
+is also the first block's first denoise step (`joins_decode`): one forward, counted as a denoise
+step, so its noise and every token are those of the unfused order.
 
 LLaDA2.1 (token editing, `edits`): each denoise step also replaces written tokens of the block
 (never the prompt's tail) where the model's pick differs with probability > editing_threshold;
@@ -47,6 +50,9 @@ class BlockSequence(Sequence):
     cache_salt: str = ""  # the prefix cache's tenant (engine/models/prefix_cache.py)
     # This step's cap on the prefill chunk while other rows denoise (engine/families/block/chunked_prefill.py); 0: none.
     step_chunk: int = 0
+    # Set by the runner (its eager path): the step that prefills the prompt's last chunk denoises the
+    # first block in the same forward (engine/families/block/chunked_prefill.py).
+    fuse_first_block: bool = False
 
     def __post_init__(self) -> None:
         b, P = self.params.block_length, len(self.prompt)
@@ -115,7 +121,7 @@ class BlockSequence(Sequence):
         return self.editing and not self._block_masked()
 
     def _block_canvas(self) -> list[int]:
-        start, end = self.window
+        start, end = self.block_window
         return self.canvas[max(start - len(self.prompt), 0):end - len(self.prompt)]
 
     def _block_masked(self) -> bool:
@@ -145,12 +151,36 @@ class BlockSequence(Sequence):
         return min(chunk, max(b, self.step_chunk // b * b)) if self.step_chunk else chunk
 
     @property
-    def window(self) -> tuple[int, int]:
-        """Absolute [start, end) of this step's fresh positions."""
+    def prefill_window(self) -> tuple[int, int]:
+        """Absolute [start, end) of the prompt's whole blocks this prefill step computes."""
+        return self.prefilled, min(self.first_block * self.params.block_length, self.prefilled + self._chunk)
+
+    @property
+    def block_window(self) -> tuple[int, int]:
+        """Absolute [start, end) of the block being decoded (while prefilling: the first one)."""
         b = self.params.block_length
-        if self.phase == PREFILL:
-            return self.prefilled, min(self.first_block * b, self.prefilled + self._chunk)
         return self.block * b, (self.block + 1) * b
+
+    @property
+    def joins_decode(self) -> bool:
+        """A prefill step that ends the prompt and, in the same forward, runs the first block's
+        first denoise step (`fuse_first_block`): the very step the next one would run."""
+        return (self.phase == PREFILL and self.fuse_first_block
+                and self.prefill_window[1] == self.first_block * self.params.block_length)
+
+    @property
+    def denoising(self) -> bool:
+        """Whether this step selects tokens in `block_window`."""
+        return self.phase == DENOISE or self.joins_decode
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Absolute [start, end) of this step's fresh positions: a prefill chunk (and the first
+        block when it joins decoding), or the block being decoded."""
+        if self.phase == PREFILL:
+            start, end = self.prefill_window
+            return start, self.block_window[1] if self.joins_decode else end
+        return self.block_window
 
     @property
     def tokens_this_step(self) -> int:
@@ -168,6 +198,8 @@ class BlockSequence(Sequence):
         position under a threshold), and a store forward between blocks."""
         b = self.params.block_length
         prefill = -(-(self.first_block * b - self.cached_tokens) // self._chunk)
+        if prefill and self.fuse_first_block:  # the last chunk's forward is the first denoise step too
+            prefill -= 1
         per_block = b if self.params.adaptive else self.params.steps_per_block
         if self.edits:
             per_block = self._block_steps
@@ -197,18 +229,14 @@ class BlockSequence(Sequence):
                logprobs: tuple = (), provisional: tuple = ()) -> Callable[[], StepEvent]:
         """Advance by one forward; on a denoise step commit the runner's picks (positions
         relative to the block's first column): masks filled and, for LLaDA2.1, tokens edited."""
-        start, end = self.window
+        start, end = self.block_window
         P, G = len(self.prompt), self.params.gen_length
         committed, revised, block_done = [], [], False
         self.nfe += 1
-        if self.phase == PREFILL:
-            self.prefilled = end
-            self.prefill_steps += 1
-            if self.prefilled >= self.first_block * self.params.block_length:
-                self.phase = DENOISE
-        elif self.phase == STORE:
+        phase = self._prefill_done() if self.phase == PREFILL else self.phase
+        if phase == STORE:
             self._next_block()
-        else:
+        elif phase == DENOISE:
             masks_before, stored = self._block_masked(), self.stores_block
             own = []  # indices into positions of the output positions committed
             for j, (pos, tok) in enumerate(zip(positions, tokens)):
@@ -236,6 +264,18 @@ class BlockSequence(Sequence):
         guesses = tuple((start + i - P, t, c) for i, t, c in provisional if 0 <= start + i - P < G)
         return functools.partial(self.event, tuple(committed[i] for i in keep), tuple(confidences[i] for i in keep),
                                  block, block_done, guesses, tuple(i for i in sorted(revised) if i < G))
+
+    def _prefill_done(self) -> str:
+        """Record a prefill step's chunk; DENOISE if the step joined decoding (its first block's
+        picks are committed next, as a first denoise step: not counted in `prefill_steps`, so
+        `noise_step` is 0 there as in an unjoined decode), else PREFILL."""
+        joins = self.joins_decode
+        self.prefilled = self.prefill_window[1]
+        if self.prefilled >= self.first_block * self.params.block_length:
+            self.phase = DENOISE
+        if not joins:
+            self.prefill_steps += 1
+        return DENOISE if joins else PREFILL
 
     def _block_ends(self, masks_before: bool, edited: bool) -> bool:
         """After a denoise step: is the block finished? Without editing, once no mask is left. With

@@ -91,7 +91,7 @@ def _record_logits(llm: LLM, seen: dict[str, list[torch.Tensor]]) -> None:
     def spy(*args):
         if block:
             rows, logits = args[0], args[1]
-            widths = [s.window[1] - s.window[0] for s in rows]
+            widths = [s.block_window[1] - s.block_window[0] for s in rows]  # a joining prefill row: its first block
         else:
             rows, logits = args[6], args[3]
             widths = [s.params.block_length for s in rows]

@@ -69,15 +69,16 @@ def test_llada2_equals_its_published_loop(llada2_dir, block_length, steps, thres
 
 
 def test_forward_count_matches_the_cached_reference(sdar_dir):
-    """One prefill forward for the prompt's whole blocks, then per block its denoise steps and
-    one store forward (except the block that ends the request)."""
+    """One prefill forward for the prompt's whole blocks, which also runs the first block's first
+    denoise step (the CPU's per-row path fuses them), then per block its denoise steps and one
+    store forward (except the block that ends the request)."""
     llm = engine(sdar_dir)
     p = PROMPTS[2]
     s = run_engine(llm, [p], gen_length=16, block_length=4, steps=16, stop_at_eos=False)[0]
     ref = sdar_generate(load_block_model(sdar_dir), p, 16, 4, 4, remasking="low_confidence_static",
                         threshold=None, mask_id=MASK_ID, stop_ids=None)
     assert s.canvas[:16] == ref.ids[:16]
-    assert s.nfe == ref.forwards - 1  # the reference also stores its last block
+    assert s.nfe == ref.forwards - 2  # the reference also stores its last block, and prefills apart
 
 
 def test_chunked_prefill_gives_the_same_tokens(sdar_dir):
@@ -86,7 +87,8 @@ def test_chunked_prefill_gives_the_same_tokens(sdar_dir):
     whole = run_engine(engine(sdar_dir), [long], **params)[0]
     chunked = run_engine(engine(sdar_dir, prefill_chunk=8), [long], **params)[0]
     assert chunked.generated() == whole.generated()
-    assert chunked.nfe == whole.nfe + 40 // 8 - 1  # five prefill steps of 8 tokens instead of one
+    assert chunked.nfe == whole.nfe + 40 // 8 - 1  # five prefill steps of 8 tokens instead of one (each
+    # run's last one also denoises the first block)
 
 
 def test_batched_rows_match_their_solo_runs_at_every_block(llada2_dir):
@@ -175,9 +177,9 @@ def test_planned_steps_cover_prefill_denoise_and_store_forwards(sdar_dir):
     llm = engine(sdar_dir, prefill_chunk=8)
     whole = run_engine(llm, [[5 + i for i in range(16)]], gen_length=16, block_length=4, steps=16,
                        stop_at_eos=False)[0]  # 4 prompt blocks: 2 prefill chunks, 4 blocks, 3 stores
-    assert whole.total_steps == 2 + 4 * 4 + 3 == whole.nfe
+    assert whole.total_steps == 2 + 4 * 4 + 3 - 1 == whole.nfe  # the last chunk's forward denoises too
     tail = run_engine(llm, [[6 + i for i in range(18)]], gen_length=16, block_length=4, steps=16,
                       stop_at_eos=False)[0]  # the first block holds 2 prompt tokens: it may finish early
     # (a prompt of its own: one that shared whole blocks with the first would plan fewer prefill
     # steps, its blocks copied from the prefix cache)
-    assert tail.total_steps == 2 + 5 * 4 + 4 and tail.nfe <= tail.total_steps
+    assert tail.total_steps == 2 + 5 * 4 + 4 - 1 and tail.nfe <= tail.total_steps

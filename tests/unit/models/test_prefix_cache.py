@@ -15,6 +15,7 @@ import resource
 import pytest
 import torch
 
+from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.families.block.sequence import PREFILL
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
@@ -162,6 +163,47 @@ def test_a_long_prompt_prefills_in_small_chunks_while_others_denoise_and_decodes
     capped.loop.run_to_completion()
     ref = run(whole, others + [long])
     assert [s.generated() for s in seqs] == [s.generated() for s in ref]
+
+
+@pytest.mark.slow  # over 1.5 s in CI: out of the fast tier
+def test_one_forward_a_step_decodes_what_separate_forwards_decode(folder, monkeypatch):
+    """The per-row path runs a step's prefill parts beside its block rows in one forward, and a
+    prompt's last chunk with its first block's first denoise step: every selecting forward's
+    logits are bitwise those of separate forwards (prefill, then block rows; the first block a
+    step later), and so are the tokens."""
+    others = [ids(16, seed=300 + i) for i in range(8)]
+    long = ids(130, seed=6)
+
+    def decode(fuse: bool):
+        monkeypatch.setattr(BlockRunner, "fuses", property(lambda self: fuse))
+        llm = engine(folder, cache_bytes=0)
+        seqs = [llm.sequence(p, SamplingParams(**{**PARAMS, "temperature": 0.7})) for p in others + [long]]
+        index = {s.request_id: i for i, s in enumerate(seqs)}
+        seen: dict[int, list[torch.Tensor]] = {}
+        select = llm.runner._select
+
+        def spy(rows, logits, *rest):
+            for r, s in enumerate(rows):
+                a, e = s.block_window
+                seen.setdefault(index[s.request_id], []).append(logits[r, :e - a].clone())
+            return select(rows, logits, *rest)
+        llm.runner._select = spy
+        for s in seqs[:-1]:
+            llm.loop.add(s)
+        llm.loop.step()  # the short ones denoise when the long one arrives
+        llm.loop.add(seqs[-1])
+        llm.loop.run_to_completion()
+        return [s.generated() for s in seqs], [s.nfe for s in seqs], seen
+
+    fused, fused_nfe, fused_logits = decode(True)
+    apart, apart_nfe, apart_logits = decode(False)
+    assert fused == apart
+    # The short prompts prefill in one step: one forward less each. (The long one's chunks follow
+    # how many rows denoise beside it, which the streams' one-step lead changes.)
+    assert [n + 1 for n in fused_nfe[:-1]] == apart_nfe[:-1]
+    assert fused_logits.keys() == apart_logits.keys()
+    for i, want in apart_logits.items():
+        assert len(fused_logits[i]) == len(want) and all(torch.equal(a, b) for a, b in zip(fused_logits[i], want)), i
 
 
 def test_both_doors_pass_the_salt_and_report_cached_tokens():
