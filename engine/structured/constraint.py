@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.engine.structured.document import Closer, document_grammar, grammar_text, locate
+from celeris.engine.structured.document import MAX_SHORTEST, Closer, Scan, Tokens, document_grammar, grammar_text, \
+    locate, shortest
 from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  (runners import them here)
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
@@ -120,6 +121,14 @@ class Compiler:
         self._checked = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._check)
         self._documents = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._document_check)
         self._larks = functools.lru_cache(maxsize=GRAMMAR_CACHE)(self._lark_check)
+        self._tokens: Optional[Tokens] = None
+
+    @property
+    def tokens(self) -> Tokens:
+        """Each token's bytes and the completion's byte orders (document.Tokens), built on first use."""
+        if self._tokens is None:
+            self._tokens = Tokens(self.ll, self.vocab_size, self.tok.eos_id)
+        return self._tokens
 
     def _encode(self, text: str) -> list[int]:
         ids = self.tok.encode(text)
@@ -204,11 +213,15 @@ class Compiler:
         """The whole-document path (document.py): one slot over the canvas, the document's own
         grammar, ended by the stop id; bounded only by the canvas (max_tokens). Refused where
         llguidance refuses it, by the path its error points at (else where the skeleton stopped)."""
-        grammar, problem = self._documents(grammar_text(schema))
+        grammar, problem, least = self._documents(grammar_text(schema))
         if problem:
             raise StructureError(locate(schema, problem, f) or getattr(why, "path", f), problem)
-        return Layout((self.tok.mask_id,) * gen_length,
-                      (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f, forced=True),), self.tok.eos_id, "document")
+        if least > gen_length:  # never served as a prefix: refused up front (a request with no length is fitted)
+            raise StructureError(f, f"its shortest document takes {least} tokens; the canvas (max_tokens) has "
+                                    f"{gen_length}")
+        return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f,
+                                                                   forced=True),),
+                      self.tok.eos_id, "document", needed=least)
 
     def _lark(self, text: object, gen_length: int, f: str) -> Layout:
         """An engine-written lark grammar (GRAMMAR) on the whole-document path: one forced slot over
@@ -227,13 +240,21 @@ class Compiler:
         problem = self._verdict(grammar, "")
         return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
 
-    def _document_check(self, text: str) -> tuple[str, str]:
-        """(grammar, why it cannot be served or "") of a schema's JSON text (remembered)."""
+    def _document_check(self, text: str) -> tuple[str, str, int]:
+        """(grammar, why it cannot be served or "", the tokens its shortest document takes as the
+        closing writes it: document.shortest) of a schema's JSON text (remembered)."""
         try:
             grammar = document_grammar(json.loads(text))
         except ValueError as e:
-            return "", f"the constraint library refuses it: {str(e)[:200]}"
-        return grammar, self._verdict(grammar, "")
+            return "", f"the constraint library refuses it: {str(e)[:200]}", 0
+        problem = self._verdict(grammar, "")
+        if problem:
+            return grammar, problem, 0
+        m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
+        path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32))
+        if path is None:
+            return grammar, f"no document of it was found within {MAX_SHORTEST} tokens", 0
+        return grammar, "", len(path)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
         """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),
@@ -308,7 +329,8 @@ class Constraint:
         self._mask = compiler.tok.mask_id
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
         self._force: dict[int, int] = {}  # position -> the token the grammar forces there (forced slots)
-        self._closer = Closer(compiler.ll, self.words, self._eos) if any(s.forced for s in layout.slots) else None
+        # The forced slots' closing (document.Closer): a document ends before the canvas does.
+        self._closers = {i: Closer(compiler.tokens, self.words) for i, s in enumerate(layout.slots) if s.forced}
         # Typed decisions (engine/sampling/choice.py): whether this request asked for its options'
         # probabilities (a choice with logprobs; engine/requests.py sets it), and whether they are taken.
         self.score_choices = False
@@ -388,6 +410,7 @@ class Constraint:
             ff = ff[:self._matchers[i].try_consume_tokens(ff)] if ff else ff
             if not ff:
                 continue
+            self._closers[i].consumed(ff)
             for k, t in enumerate(ff):
                 self._force[p + k] = t
                 self._by_front[p + k] = i
@@ -411,13 +434,15 @@ class Constraint:
             filler = self._force[pos]
         elif self._ended[i]:
             words[:] = 0
-        elif s.forced and (close := self._closer.closing(self._matchers[i], s.start + s.capacity - pos)) is not None:
-            words[:] = 0  # the canvas runs short: only the shortest way to the document's end
+        elif s.forced and (close := self._closers[i].closing(self._matchers[i], s.start + s.capacity - pos)) is not None:
+            words[:] = 0  # the canvas runs short: only the completion's next token, to the document's end
             filler = close[0] if close else filler
         else:
             m = self._matchers[i]
             m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
             words[self._eos >> 5] &= ~np.uint32(1 << (self._eos & 31))  # ends are the filler's job
+            if s.forced:  # near the end: no token after which the document could not end in time
+                self._closers[i].check(m, s.start + s.capacity - pos, words)
             if not m.is_accepting():
                 return
         words[filler >> 5] |= np.uint32(1 << (filler & 31))
@@ -446,6 +471,8 @@ class Constraint:
             return
         if not self._matchers[i].consume_token(token):  # the mask allowed it: its matcher broke
             raise self.failure(f"its matcher refused token {token} at output position {pos}", i)
+        if i in self._closers:
+            self._closers[i].consumed([token])
         if pos + 1 < end:
             self._by_front[pos + 1] = i
 
