@@ -252,9 +252,7 @@ class Compiler:
             return grammar, problem, 0
         m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
         path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32))
-        if path is None:
-            return grammar, f"no document of it was found within {MAX_SHORTEST} tokens", 0
-        return grammar, "", len(path)
+        return grammar, "", 0 if path is None else len(path)  # 0: not found (the closing cannot promise an end)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
         """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),

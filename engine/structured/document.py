@@ -86,7 +86,7 @@ def grammar_text(schema: object) -> str:
 CLOSE_MARGIN = 8  # positions kept in hand beyond the completion before closing the document
 CHECK_ZONE = 64  # within this many positions of the completion, tokens that could lengthen it are checked
 MAX_CHECKS = 64  # such tokens checked a step; past that they are left out (it is closing time)
-MAX_SHORTEST = 8192  # a schema whose shortest document is not found within this many tokens is refused
+MAX_SHORTEST = 4096  # tokens the shortest document is looked for within at compile (not found: served, no promise)
 _PRINTABLE = bytes(range(0x20, 0x7f))
 _LETTERS = bytes(range(0x61, 0x7b)) + bytes(range(0x30, 0x3a)) + bytes(range(0x41, 0x5b))
 # Bytes tried in order when writing the completion. Outside strings: close what is open, then
@@ -163,9 +163,12 @@ class Tokens:
                 one[b] = ids[0]
         self.outside = [one[b] for b in dict.fromkeys(_OUTSIDE) if b in one]
         self.inside = [one[b] for b in dict.fromkeys(_INSIDE) if b in one]
+        self.separators = {one[b] for b in _SEPARATORS if b in one}
         self.separated = self.inside[:1] + [one[b] for b in _SEPARATORS if b in one] + [
-            t for t in self.inside[1:] if self.bytes[t] not in [bytes([b]) for b in _SEPARATORS]]
+            t for t in self.inside[1:] if t not in self.separators]
         self.digits = {one[b] for b in b"0123456789" if b in one}
+        self.numeric = self.inside[:1] + [t for t in self.inside[1:] if t in self.digits] + [
+            t for t in self.inside[1:] if t not in self.digits]
         self.quoting = np.array([b'"' in x or b"\\" in x for x in self.bytes], dtype=bool)
 
 
@@ -198,7 +201,7 @@ class Closer:
         """The completion of the matcher's state (remembered until a token leaves it), or None if
         it needs more than `limit` tokens."""
         if self.path is None:
-            self.path = shortest(self.t, matcher.deep_copy(), self.scan.copy(), limit, self._scratch)
+            self.path = shortest(self.t, matcher, self.scan, limit, self._scratch)
             if self.path is None:
                 return None
         return self.path if len(self.path) <= limit else None
@@ -238,6 +241,18 @@ class Closer:
 
 def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int,
              scratch: np.ndarray) -> Optional[list[int]]:
+    """A short completion of m's state (m is left as it was): `_greedy` with a format's separators
+    tried early inside strings, else (it found none within `limit`: a cycle such as
+    'aa@aa@aa...') without them, else digits first (a pattern of digits that letters never reach)."""
+    for order in (tokens.separated, tokens.inside, tokens.numeric):
+        path = _greedy(tokens, m.deep_copy(), scan.copy(), limit, scratch, order)
+        if path is not None:
+            return path
+    return None
+
+
+def _greedy(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int,
+            scratch: np.ndarray, inside: list[int]) -> Optional[list[int]]:
     """A short completion of m's state (m is consumed): greedily the first single-byte token in
     the scan's byte order that the grammar allows (a token repeating itself, or a run of digits
     inside a string, tried last: '57.000...' would go on forever), else the lowest allowed token;
@@ -246,8 +261,12 @@ def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int,
     while not m.is_accepting():
         if len(out) >= limit:
             return None
-        order = (tokens.separated if scan.length >= 3 and scan.since >= 2 else tokens.inside) if scan.string \
-            else tokens.outside
+        if not scan.string:
+            order = tokens.outside
+        elif scan.length >= 3 and scan.since >= 2:
+            order = inside
+        else:  # a part just began: separators last
+            order = [t for t in inside if t not in tokens.separators] + [t for t in inside if t in tokens.separators]
         later = _repeating(tokens, out) if scan.string else set()
         t = next((t for t in order if t not in later and m.validate_tokens([t])), None)
         if t is None:
