@@ -3,6 +3,8 @@
 
     python scripts/bench_cpu_dtype.py                 # batch 1, d_model 256, 4 layers, prompt 64, gen 256, block 32, median of 3
     python scripts/bench_cpu_dtype.py --batch 1 --layers 4 --d-model 512
+    git show <commit>:engine/sampling/select.py > /tmp/select_old.py
+    python scripts/bench_cpu_dtype.py --dtypes bfloat16 --baseline-select /tmp/select_old.py   # selection, before and after
 
 The model is random (its speed, not its text, is the point): LLaDA's layout (no cache, float64
 confidences, x0 from the raw logits) with tiny layers, so the vocabulary-sized work (the head,
@@ -15,12 +17,17 @@ Per-part split (milliseconds per step, wall time, measured by timing wrappers ar
 runner's calls): `layers` = the transformer blocks, `head` = the LM head over the window,
 `select` = `sampler.select_tokens` (of which `conf` = `sampler.confidences`), `order` =
 `published_order` (the published tie order, CPU), `rest` = everything else in the step.
+
+`--baseline-select FILE` adds a run of each dtype whose selection (`select_tokens`,
+`published_order`, `confidences`) comes from FILE, an older engine/sampling/select.py, alternating
+with the current one: selection before and after, side by side under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -34,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import celeris.engine.families.canvas.runner as runner_mod  # noqa: E402
+import celeris.engine.loop.runner_api as runner_mod  # noqa: E402
 import celeris.engine.sampling.select as sampler_mod  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
@@ -81,12 +88,13 @@ class Clock:
 
 
 @contextlib.contextmanager
-def patched(clock: Clock, model: MaskPredictor):
-    """Timing wrappers around the parts of a step (restored on exit)."""
-    saved = [(runner_mod, "select_tokens"), (runner_mod, "published_order"), (sampler_mod, "confidences")]
+def patched(clock: Clock, model: MaskPredictor, sampler: Any = sampler_mod):
+    """Timing wrappers around the parts of a step (restored on exit); selection from `sampler`
+    (a select module)."""
+    saved = [(runner_mod, "select_tokens"), (runner_mod, "published_order"), (sampler, "confidences")]
     old = [getattr(m, n) for m, n in saved]
     names = ["select", "order", "conf"]
-    for (m, n), fn, name in zip(saved, old, names):
+    for (m, n), fn, name in zip(saved, [sampler.select_tokens, sampler.published_order, old[2]], names):
         setattr(m, n, clock.wrap(name, fn))
     blocks = model.transformer.blocks
     old_fwd = [b.forward for b in blocks]
@@ -103,7 +111,15 @@ def patched(clock: Clock, model: MaskPredictor):
         del model.head
 
 
-def run(model: MaskPredictor, a: argparse.Namespace) -> dict[str, Any]:
+def load_select(path: Path) -> Any:
+    """An engine/sampling/select.py of another commit, as a module beside the current one."""
+    spec = importlib.util.spec_from_file_location("baseline_select", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(model: MaskPredictor, a: argparse.Namespace, sampler: Any = sampler_mod) -> dict[str, Any]:
     """`a.steps` timed steps of `a.batch` requests after `a.warmup`: ms per step, by part."""
     cfg = EngineConfig(max_batch=a.batch, max_prompt_tokens=a.prompt_len, max_gen_length=a.gen_length)
     runner = Runner(model, cfg)
@@ -126,7 +142,7 @@ def run(model: MaskPredictor, a: argparse.Namespace) -> dict[str, Any]:
                 seqs[i] = fresh(i)
 
     clock = Clock()
-    with patched(clock, model):
+    with patched(clock, model, sampler):
         for _ in range(a.warmup):
             step()
         clock.on = True
@@ -153,20 +169,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, run in this order")
+    ap.add_argument("--baseline-select", type=Path, default=None,
+                    help="an older engine/sampling/select.py: also run each dtype with its selection")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = llada_shape(a.d_model, a.layers)
-    models = {"float32": random_model(cfg, torch.float32), "bfloat16": random_model(cfg, torch.bfloat16)}
-    runs: dict[str, list[dict]] = {k: [] for k in models}
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    models = {k: random_model(cfg, dtypes[k]) for k in a.dtypes.split(",")}
+    baseline = load_select(a.baseline_select) if a.baseline_select else None
+    variants = [(name, name, sampler_mod) for name in models]
+    if baseline is not None:
+        variants = [v for name in models for v in ((name, name, sampler_mod), (name + "-base", name, baseline))]
+    runs: dict[str, list[dict]] = {k: [] for k, _, _ in variants}
     with torch.inference_mode():
         for rep in range(a.repeats):
-            for name, model in models.items():  # alternating, so both see the same load
-                runs[name].append(run(model, a))
-                print(f"repeat {rep + 1}/{a.repeats} {name}: {runs[name][-1]['step_ms']:.1f} ms a step", flush=True)
+            for key, name, sampler in variants:  # alternating, so all see the same load
+                runs[key].append(run(models[name], a, sampler))
+                print(f"repeat {rep + 1}/{a.repeats} {key}: {runs[key][-1]['step_ms']:.1f} ms a step", flush=True)
     med = {k: sorted(v, key=lambda r: r["step_ms"])[len(v) // 2] for k, v in runs.items()}
-    ratio = med["float32"]["step_ms"] / med["bfloat16"]["step_ms"]
+    ratio = med["float32"]["step_ms"] / med["bfloat16"]["step_ms"] if {"float32", "bfloat16"} <= set(med) else None
     load = os.getloadavg()
     cond = {"model": f"LLaDA layout, random, d_model {a.d_model}, {a.layers} layers, vocab {VOCAB}",
             "batch": a.batch, "prompt_len": a.prompt_len, "gen_length": a.gen_length, "block_length": a.block_length,
@@ -174,13 +198,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "load_avg_1m": round(load[0], 2)}
     print(json.dumps(cond))
-    head = f"{'dtype':9}" + "".join(f"{k:>9}" for k in ("step", "layers", "head", "select", "conf", "order", "rest"))
-    print(head)
+    head = f"{'dtype':14}" + "".join(f"{k:>9}" for k in ("step", "layers", "head", "select", "conf", "order", "rest"))
+    print(head + f"{'select %':>10}")
     for name, r in med.items():
-        print(f"{name:9}{r['step_ms']:9.1f}" + "".join(f"{r[k + '_ms']:9.1f}"
-                                                       for k in ("layers", "head", "select", "conf", "order", "rest")))
-    print(f"fp32 / bf16 per step: {ratio:.2f}x (median of {a.repeats}; every run: "
-          + ", ".join(f"{k} {statistics.median(r['step_ms'] for r in v):.1f} ms" for k, v in runs.items()) + ")")
+        print(f"{name:14}{r['step_ms']:9.1f}" + "".join(f"{r[k + '_ms']:9.1f}"
+                                                        for k in ("layers", "head", "select", "conf", "order", "rest"))
+              + f"{100 * r['select_ms'] / r['step_ms']:9.1f}%")
+    for name in models:
+        if baseline is not None:
+            sel = [b["select_ms"] / r["select_ms"] for b, r in zip(runs[name + "-base"], runs[name])]
+            print(f"{name}: baseline select / select {statistics.median(sel):.2f}x (median of {a.repeats} "
+                  f"side-by-side pairs: " + ", ".join(f"{x:.2f}" for x in sel) + ")")
+    if ratio is not None:
+        print(f"fp32 / bf16 per step: {ratio:.2f}x (median of {a.repeats})")
+    print("every run's step: " + ", ".join(f"{k} {statistics.median(r['step_ms'] for r in v):.1f} ms"
+                                           for k, v in runs.items()))
     if a.json:
         a.json.write_text(json.dumps({"conditions": cond, "median": med, "runs": runs, "ratio": ratio}, indent=2) + "\n")
     return 0

@@ -8,8 +8,11 @@ tokens as the readable reference loop (engine/sampling/reference.py) where confi
 
 Confidences are computed in float64 over the window, as LLaDA's first published generate() and
 Fast-dLLM do: a trained model puts many positions at probability 1.0 in float32 (EOS tails),
-and float64 keeps them apart. Tie-break rule (batched): among equal confidences the lower canvas
-position is committed first (a stable descending sort).
+and float64 keeps them apart. On the CPU with 16-bit logits only the candidates that can commit
+get that softmax; the others are bounded below them from a table of exponentials
+(engine/sampling/screen.py), which changes no commit and no reported value. Tie-break rule
+(batched): among equal confidences the lower canvas position is committed first (a stable
+descending sort).
 
 Randomness is counter-based: the uniform number of (seed, step, position, vocab id) is a hash,
 so a request draws the same noise alone or inside any batch, on any device.
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
+from celeris.engine.sampling.screen import TABLE_DTYPES, Screen, rows_at, screened, screening
 
 NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF
@@ -93,7 +97,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
                 dtype: torch.dtype = torch.float64, measures: Optional[frozenset[str]] = None,
-                where: Optional[torch.Tensor] = None) -> torch.Tensor:
+                where: Optional[torch.Tensor] = None, screen: Optional[Screen] = None) -> torch.Tensor:
     """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W).
 
     dtype: float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published
@@ -106,19 +110,31 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
     bf16 step at a 126k vocabulary) is paid only where it can change the result. Elsewhere
     (CUDA) every position is computed: fixed shapes, no host synchronisation. Not with the
     entropy measure: torch splits a lone row's sum across threads, which would change its bits.
+    screen (with where, CPU, 16-bit logits; `screen.screening`): of a screened row's candidates
+    only those that can commit get the published value, the others an estimate certified below
+    every committed one (engine/sampling/screen.py): the same commits, the same reported values.
     """
     used = frozenset(REMASK_CODE) if measures is None else measures
     code = remask[:, None]  # (B, 1)
     if where is not None and logits.device.type == "cpu" and "entropy" not in used:
         B, W, V = logits.shape
         flat = where.reshape(-1).nonzero().squeeze(-1)  # (N,) candidate positions (a host read: CPU only)
+        if screen is not None and logits.dtype in TABLE_DTYPES:
+            return screened(logits, x0, flat, screen, dtype,
+                            lambda at: _measures_at(logits, x0, remask, u_random, dtype, used, at))
         if flat.numel() < B * W:
-            rows = flat // W
-            u = None if u_random is None else u_random.reshape(-1)[flat][None]
-            sub = _measures(logits.reshape(B * W, V)[flat][None], x0.reshape(-1)[flat][None], remask[rows][None],
-                            u, dtype, used)  # (1, N)
-            return sub.new_zeros(B * W).index_copy_(0, flat, sub[0]).view(B, W)
+            sub = _measures_at(logits, x0, remask, u_random, dtype, used, flat)
+            return sub.new_zeros(B * W).index_copy_(0, flat, sub).view(B, W)
     return _measures(logits, x0, code, u_random, dtype, used)
+
+
+def _measures_at(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
+                 dtype: torch.dtype, used: frozenset[str], flat: torch.Tensor) -> torch.Tensor:
+    """`_measures` at the positions flat (N,) (b * W + w) of (B, W, V) logits -> (N,)."""
+    W = logits.shape[1]
+    u = None if u_random is None else u_random.reshape(-1)[flat][None]
+    return _measures(rows_at(logits, flat)[None], x0.reshape(-1)[flat][None], remask[flat // W][None], u,
+                     dtype, used)[0]
 
 
 def _measures(logits: torch.Tensor, x0: torch.Tensor, code: torch.Tensor, u_random: Optional[torch.Tensor],
@@ -188,6 +204,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = gumbel_scores(pick, batch.temperature, uniform_noise(batch.seed, batch.step, window.noise_pos, V, 0))
     elif rule.x0_from_probs:
         scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
+    elif logits.device.type == "cpu":
+        scores = pick  # read only: `_argmax_but` copies the rows it must change
     else:
         scores = pick.clone()  # (no host tensor here: this may run on a graph's output)
     if batch.min_tokens is not None:
@@ -196,14 +214,16 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
     free = first_argmax(scores) if batch.editing is not None else None
-    scores[..., rule.mask_id] = NEG_INF  # committing the mask token would leave the position masked forever
-    x0 = first_argmax(scores)  # (B, W)
+    # committing the mask token would leave the position masked forever
+    x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
     # Edits read the confidence of written positions too, so only a row set without editing limits
-    # the float64 softmax to the candidates.
-    conf = confidences(pick if rule.conf_after_filter else logits, x0, batch.remask, u_random,
-                       rule.conf_dtype or logits.dtype, batch.measures,
-                       window.candidate if free is None else None)
+    # the float64 softmax to the candidates (and screens them: engine/sampling/screen.py).
+    conf_logits, dtype = pick if rule.conf_after_filter else logits, rule.conf_dtype or logits.dtype
+    where = window.candidate if free is None else None
+    screen = screening(batch, rule, conf_logits.dtype, dtype) if where is not None and logits.device.type == "cpu" \
+        else None
+    conf = confidences(conf_logits, x0, batch.remask, u_random, dtype, batch.measures, where, screen)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.
@@ -216,6 +236,26 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     conf = torch.where(window.candidate, conf, torch.full_like(conf, NEG_INF))
     commit, n_commit = _commit(conf, window.candidate, batch, rule.block_threshold)
     return Selection(x0, commit, conf, n_commit, free, edit_conf)
+
+
+def _argmax_but(scores: torch.Tensor, banned: int, first: Optional[torch.Tensor], in_place: bool) -> torch.Tensor:
+    """`first_argmax` of scores (B, W, V) with id `banned` at -inf; first: its argmax if known.
+
+    in_place (scores is selection's own tensor): the column is written, fixed shapes, no host
+    read. Otherwise (CPU, scores are the caller's logits) nothing is written: the argmax of the
+    scores as they are is the answer wherever it is not `banned` (the first maximum, or first
+    NaN, does not move when another id drops to -inf), and only the positions where it is are
+    recomputed, from a copy of their rows."""
+    if in_place:
+        scores[..., banned] = NEG_INF
+        return first_argmax(scores)
+    x0 = first_argmax(scores) if first is None else first.clone()
+    hit = (x0 == banned).reshape(-1).nonzero().squeeze(-1)  # (n,) a host read: CPU only
+    if hit.numel():
+        rows = rows_at(scores, hit)
+        rows[:, banned] = NEG_INF
+        x0.view(-1).index_copy_(0, hit, first_argmax(rows))
+    return x0
 
 
 def with_edits(sel: Selection, tokens: torch.Tensor, editable: torch.Tensor, editing: torch.Tensor) -> Selection:

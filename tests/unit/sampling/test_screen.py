@@ -1,0 +1,177 @@
+"""Screened confidences (engine/sampling/screen.py): on 16-bit logits on the CPU, only the
+candidates that can commit get the float64 softmax, and the step commits the same positions and
+tokens, reporting the same confidences bit for bit, as with the softmax at every candidate;
+ties at the cut keep the published loops' torch.topk order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import celeris.engine.sampling.select as sampler
+from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, SelectionRule, Window
+from celeris.engine.sampling.params import SamplingParams
+from celeris.engine.sampling.screen import REL, estimates
+from celeris.engine.sampling.select import first_argmax, published_order, select_tokens
+
+MASK = 5
+NAN, INF = float("nan"), float("inf")
+
+
+def _params(**kw) -> SamplingParams:
+    return SamplingParams(**{"gen_length": 32, "steps": 32, "block_length": 32, "seed": 0, "stop_at_eos": False} | kw)
+
+
+def _step(logits, rows, candidate, screened: bool, monkeypatch):
+    """select_tokens + published_order over (B, W, V) logits; rows: (params, k) per real row."""
+    B, W, V = logits.shape
+    batch = SamplingBatch.build([RowKnobs(p, k, 3, frozenset()) for p, k in rows], B, V, torch.device("cpu"))
+    pos = torch.arange(W).expand(B, W)
+    window = Window(torch.full((B, W), MASK), candidate, pos, pos)
+    rule = SelectionRule(mask_id=MASK)
+    computed = []
+    measures = sampler._measures
+
+    def counted(lg, *a):
+        computed.append(lg.shape[0] * lg.shape[1])
+        return measures(lg, *a)
+
+    with monkeypatch.context() as m:
+        m.setattr(sampler, "_measures", counted)
+        if not screened:
+            m.setattr(sampler, "screening", lambda *a: None)
+        sel = select_tokens(logits, batch, window, rule)
+        sel = published_order(sel, candidate, batch, rule, [(W + 3, 3)] * B)
+    return sel, sum(computed)
+
+
+def _same(logits, rows, candidate, monkeypatch, provisional=()):
+    fast, n_fast = _step(logits, rows, candidate, True, monkeypatch)
+    full, n_full = _step(logits, rows, candidate, False, monkeypatch)
+    assert torch.equal(fast.commit, full.commit)
+    assert torch.equal(fast.n_commit, full.n_commit)
+    assert torch.equal(fast.x0[candidate], full.x0[candidate])
+    c = fast.commit
+    assert torch.equal(fast.conf[c].view(torch.int64), full.conf[c].view(torch.int64))  # bit for bit
+    for r in provisional:  # rows reporting every candidate's confidence
+        assert torch.equal(fast.conf[r][candidate[r]].view(torch.int64), full.conf[r][candidate[r]].view(torch.int64))
+    return n_fast, n_full
+
+
+def _logits(kind: str, B: int, W: int, V: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "flat":  # a random model: every p(x0) within ~1e-4 of the others
+        return (0.32 * torch.randn(B, W, V, generator=g)).to(dtype)
+    if kind == "peaked":
+        return (4 * torch.randn(B, W, V, generator=g)).to(dtype)
+    x = torch.randint(-2, 3, (B, W, V), generator=g).to(dtype)  # "ties": equal rows and values
+    x[:, 1::3] = x[:, 0:1]  # every third position a copy of the first: exact float64 ties
+    return x
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties"])
+@pytest.mark.parametrize("seed", range(4))
+def test_screened_steps_commit_and_report_what_the_full_softmax_does(kind, seed, monkeypatch):
+    B, W, V = 4, 16, 3001
+    logits = _logits(kind, B, W, V, seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    candidate = torch.rand(B, W, generator=g) < 0.7
+    candidate[:, 0] = candidate[:, 1] = candidate[:, 4] = True
+    rows = [(_params(), 1 + seed), (_params(threshold=0.0004 if kind == "flat" else 0.3), 1),
+            (_params(temperature=0.8, seed=seed), 2)]  # row 3 pads the bucket
+    n_fast, n_full = _same(logits, rows, candidate, monkeypatch)
+    if kind != "ties":
+        assert n_fast < n_full  # the point: fewer float64 softmaxes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_unscreened_rows_and_hard_positions_keep_their_published_values(dtype, monkeypatch):
+    B, W, V = 4, 12, 2048
+    logits = _logits("peaked", B, W, V, 7, dtype)
+    logits[0, 2] = -INF  # no finite logit: a NaN confidence
+    logits[0, 3, MASK] = 60  # the mask id's logit tops the row: never the pick
+    logits[1, 4] += 11000 if dtype == torch.float16 else 600  # beyond the exp table's range (or near its edge)
+    logits[1, 5, 7] = NAN
+    logits[2, :, 100:] = -INF  # a constrained vocabulary
+    candidate = torch.ones(B, W, dtype=torch.bool)
+    rows = [(_params(), 2), (_params(), 3), (_params(provisional=True), 2), (_params(factor=1.0), 1)]
+    _same(logits, rows, candidate, monkeypatch, provisional=(2,))
+    rows = [(_params(remasking="margin"), 2), (_params(remasking="random", seed=3), 1), (_params(), 12), (_params(), 0)]
+    _same(logits, rows, candidate, monkeypatch)
+
+
+def test_ties_at_the_cut_take_the_published_topk_order(monkeypatch):
+    """Three copies of the most confident row with k = 2: which two commit is torch.topk's choice
+    over the whole ranked array; screening must not change the other values it walks."""
+    B, W, V = 2, 24, 4096
+    logits = _logits("flat", B, W, V, 11)
+    for w in (3, 9, 17):
+        logits[:, w] = logits[0, 0]
+        logits[:, w, 0] = 5.0
+    candidate = torch.ones(B, W, dtype=torch.bool)
+    for k in (1, 2, 3, 4):
+        _same(logits, [(_params(), k), (_params(threshold=0.99), 1)], candidate, monkeypatch)
+
+
+@pytest.mark.parametrize("shift", [0.0, -300.0, 450.0])
+def test_estimates_are_within_rel_of_the_published_softmax(shift):
+    g = torch.Generator().manual_seed(1)
+    rows = torch.cat([0.32 * torch.randn(8, 126_464 // 8, generator=g), 6 * torch.randn(8, 126_464 // 8, generator=g)])
+    rows = (rows + shift).to(torch.bfloat16)
+    rows[3, 100:] = -INF
+    x0 = torch.cat([rows[:12].float().argmax(-1), torch.randint(0, rows.shape[1], (4,), generator=g)])
+    est = estimates(rows, x0)
+    exact = torch.softmax(rows.double(), -1).gather(1, x0[:, None]).squeeze(1)
+    ok = est.isfinite()
+    assert ok[:12].all()
+    assert ((est[ok] - exact[ok]).abs() <= exact[ok] * REL / 30).all()
+
+
+def test_argmax_without_the_mask_id_reads_the_logits_without_copying(monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-3, 4, (3, 6, 1537), generator=g).to(torch.bfloat16)
+    x[0, 0, MASK] = 9  # the mask id is the maximum
+    x[0, 1, MASK] = NAN  # a NaN at the mask id only
+    x[0, 2, MASK], x[0, 2, 900] = NAN, NAN  # and a later NaN
+    x[1, 0] = -INF
+    x[1, 0, MASK] = 0.0  # nothing else finite
+    before = x.clone()
+    ref = x.clone()
+    ref[..., MASK] = -INF
+    assert torch.equal(sampler._argmax_but(x, MASK, None, in_place=False), first_argmax(ref))
+    assert torch.equal(x.view(torch.int16), before.view(torch.int16))  # untouched
+
+
+def test_rows_tied_at_their_cut_are_computed_whole():
+    """Which of equal values torch.topk returns depends on every value it walks, so a row whose
+    published values tie at its cut (or hold a NaN) gets every candidate's published value."""
+    from celeris.engine.sampling.screen import Screen, tied
+    conf = torch.tensor([[0.5, 0.5, 0.1, 0.0], [0.5, 0.5, 0.4, 0.0], [0.5, 0.4, 0.4, 0.0], [NAN, 0.2, 0.1, 0.0]],
+                        dtype=torch.float64)
+    exact = torch.tensor([[True, True, False, False], [True, True, True, False], [True, True, True, False],
+                          [True, True, False, False]])
+    screen = Screen(need=(1, 2, 2, 1), threshold=(0.0,) * 4)
+    assert tied(conf, exact, screen).tolist() == [True, False, True, True]
+    assert tied(conf, exact, Screen(need=(-1, 3, 1, -1), threshold=(0.0,) * 4)).tolist() == [False, False, False, False]
+
+
+@pytest.mark.parametrize("params", [dict(), dict(threshold=0.2), dict(temperature=0.7, seed=3)])
+def test_whole_bf16_decodes_are_the_same_screened_or_not(params, monkeypatch):
+    """celeris-tiny in bfloat16 on the CPU, a batch of 3: every committed token and its step are
+    those of the unscreened softmax (a random-ish trained model's peaked and flat rows alike)."""
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.llm import LLM
+
+    screens = []
+    real = sampler.screening
+
+    def decode(screened: bool):
+        llm = LLM.load(None, EngineConfig(dtype="bfloat16", max_batch=4))
+        with monkeypatch.context() as m:
+            m.setattr(sampler, "screening", lambda *a: screens.append(real(*a)) or screens[-1] if screened else None)
+            p = SamplingParams(**{"gen_length": 32, "steps": 16, "block_length": 8, "seed": 0} | params)
+            outs = llm.generate(["Once upon a time", "The capital of France is", "1, 2, 3,"], p)
+        return [(o.token_ids, o.steps, o.finish_reason) for o in outs]
+
+    assert decode(True) == decode(False)
+    assert any(s is not None for s in screens)  # the screened decode did screen
