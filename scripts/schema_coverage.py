@@ -15,6 +15,9 @@ llguidance's compile %, Celeris accepted %, the share on each path (skeleton / d
 most common refusal reasons. --generate N decodes N accepted schemas (stratified over subsets) x
 --seeds with the model (embedded name or folder), validates each output with jsonschema (the draft
 the schema names, formats checked) and prints validity %, and how many ran out of max_tokens.
+--door http sends the same requests to a server started in this process (gRPC and HTTP on free
+ports, scripts/structured_doors.py) through the official openai SDK: chat completions with
+`response_format` json_schema strict, max_tokens = --gen-length, 16 at a time.
 """
 
 from __future__ import annotations
@@ -115,7 +118,57 @@ def validates(schema: Any, text: str) -> Optional[str]:
     return None
 
 
-def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int, batch: int = 16) -> None:
+def engine_outcomes(llm: LLM, jobs: list, params, batch: int = 16) -> list[tuple[Optional[str], str, Optional[str]]]:
+    """(text, finish_reason, error) of each (result, seed) job through the engine's offline API,
+    `batch` requests at a time ("refused": not accepted at --gen-length)."""
+    out = []
+    for k in range(0, len(jobs), batch):
+        built = []
+        for r, s in jobs[k:k + batch]:
+            try:  # accepted at --max-tokens; a shorter --gen-length may not hold its skeleton
+                built.append(llm.build(Request(prompt="JSON:", params=replace(params, seed=s),
+                                               structured=Structured("json_schema", r["schema"]))))
+            except InvalidRequest as e:
+                built.append(str(e)[:160])
+        ran = iter(llm.run([b for b in built if not isinstance(b, str)]))
+        for b in built:
+            if isinstance(b, str):
+                out.append((None, "refused", b))
+            else:
+                res = next(ran)
+                out.append((res.text, res.finish_reason.value, None if res.error is None else str(res.error)))
+    return out
+
+
+def http_outcomes(llm: LLM, jobs: list, params) -> list[tuple[Optional[str], str, Optional[str]]]:
+    """(text, finish_reason, error) of each (result, seed) job through the HTTP door: the
+    official openai SDK against a server on this LLM (a 400 is a refusal at --gen-length)."""
+    import openai
+    from concurrent.futures import ThreadPoolExecutor
+
+    from structured_doors import in_process_server
+
+    with in_process_server(llm) as (_, base_url), openai.OpenAI(base_url=base_url + "/v1", api_key="unused",
+                                                                  max_retries=0, timeout=3600) as sdk:
+        model = sdk.models.list().data[0].id
+
+        def one(job):
+            r, seed = job
+            rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": r["schema"], "strict": True}}
+            try:
+                c = sdk.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "JSON:"}], response_format=rf,
+                    max_tokens=params.gen_length, temperature=params.temperature, seed=seed,
+                    extra_body={"steps": params.steps, "block_length": params.block_length}).choices[0]
+            except openai.BadRequestError as e:
+                return None, "refused", str(e)[:160]
+            return c.message.content, c.finish_reason, None
+
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(one, jobs))
+
+
+def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int, door: str = "engine") -> None:
     by = collections.defaultdict(list)
     for r in results:
         if r["path"]:
@@ -125,24 +178,20 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
     valid, length, failed = collections.Counter(), 0, []
     params = replace(llm.defaults, gen_length=gen_length, steps=gen_length, block_length=32, temperature=1.0)
     t0 = time.perf_counter()
-    for k in range(0, len(jobs), batch):
-        chunk, seqs = [], []
-        for r, s in jobs[k:k + batch]:
-            try:  # accepted at --max-tokens; a shorter --gen-length may not hold its skeleton
-                seqs.append(llm.build(Request(prompt="JSON:", params=replace(params, seed=s),
-                                              structured=Structured("json_schema", r["schema"]))))
-                chunk.append((r, s))
-            except InvalidRequest:
-                valid["refused at gen_length", False] += 1
-        for (r, s), out in zip(chunk, llm.run(seqs)):
-            why = f"failed: {out.error}"[:160] if out.error else validates(r["schema"], out.text)
-            valid[r["path"], why is None] += 1
-            length += out.finish_reason.value == "length"
-            if why:
-                failed.append((r["subset"], r["name"], s, out.finish_reason.value, why))
+    outcomes = (http_outcomes if door == "http" else engine_outcomes)(llm, jobs, params)
+    for (r, s), (text, finish, err) in zip(jobs, outcomes):
+        if finish == "refused":
+            valid["refused at gen_length", False] += 1
+            failed.append((r["subset"], r["name"], s, finish, err))
+            continue
+        why = f"failed: {err}"[:160] if err else validates(r["schema"], text or "")
+        valid[r["path"], why is None] += 1
+        length += finish == "length"
+        if why:
+            failed.append((r["subset"], r["name"], s, finish, why))
     total = len(jobs)
     ok = sum(v for (_, good), v in valid.items() if good)
-    print(f"generated {total} ({len(pool)} schemas x {seeds} seeds, gen_length {gen_length}) in "
+    print(f"generated {total} ({len(pool)} schemas x {seeds} seeds, gen_length {gen_length}, door {door}) in "
           f"{time.perf_counter() - t0:.0f} s: valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%), "
           f"ran out of max_tokens {length}")
     for path in ("skeleton", "document", "refused at gen_length"):
@@ -161,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--generate", type=int, default=0, help="decode this many accepted schemas")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--gen-length", type=int, default=512)
+    ap.add_argument("--door", choices=("engine", "http"), default="engine",
+                    help="decode through the engine's offline API or over HTTP with the openai SDK")
     a = ap.parse_args(argv)
     llm = LLM.load(EMBEDDED_MODELS.get(a.model, a.model))
     compiler = Compiler(llm.tokenizer, llm.requests.family_vocab)
@@ -169,7 +220,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     results = measure(compiler, compiler.ll, rows, a.max_tokens)
     report(results)
     if a.generate:
-        generate(llm, results, a.generate, a.seeds, a.gen_length)
+        generate(llm, results, a.generate, a.seeds, a.gen_length, door=a.door)
 
 
 if __name__ == "__main__":
