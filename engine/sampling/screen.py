@@ -85,13 +85,13 @@ def estimates(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     softmax; NaN where the table cannot bound it (a non-finite or out-of-range row)."""
     N, V = rows.shape
     table = _table(rows.dtype)
-    bits = rows.view(torch.int16)
+    bits = rows.view(torch.uint16)  # the pattern read as unsigned: the table's index
     total = torch.empty(N, dtype=torch.float64)
     step = max(1, _CHUNK // max(V, 1))
-    for i in range(0, N, step):  # a row's terms are summed within one pass
-        idx = bits[i:i + step].to(torch.int32).bitwise_and_(0xFFFF)
+    for i in range(0, N, step):  # a row's terms are summed within one pass; few passes (each a
+        idx = bits[i:i + step].to(torch.int32)  # parallel region, which waits on a busy machine)
         total[i:i + step] = table.index_select(0, idx.view(-1)).view(idx.shape).sum(-1)
-    top = table.index_select(0, bits.gather(1, x0[:, None]).squeeze(1).to(torch.int32).bitwise_and_(0xFFFF))
+    top = table.index_select(0, rows.gather(1, x0[:, None]).squeeze(1).view(torch.uint16).to(torch.int32))
     est = top / total
     ok = total.isfinite() & (total >= _FLOOR) & top.isfinite() & (top >= _SMALLEST) & (est >= _SMALLEST)
     return torch.where(ok, est, torch.full_like(est, float("nan")))
