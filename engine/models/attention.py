@@ -2,9 +2,9 @@
 over per-row key ranges.
 
 Full-canvas rows are left-padded (real keys are a suffix of the row); block-diffusion rows
-attend to a prefix of their context (the cached blocks, then the fresh ones), block-causally
-while a prompt is prefilled. `RowSpan` says, per row, which queries and keys are real and
-which of them may meet. Shapes: B batch, H heads, Hk kv heads, Lq queries, Lk keys, Dh head dim.
+attend to a prefix of their context (the cached blocks, then the fresh one). A prompt is
+prefilled one block a row (`BlockRunner._parts`), so every row attends bidirectionally over its
+keys. `RowSpan` says, per row, which queries and keys are real and which of them may meet. Shapes: B batch, H heads, Hk kv heads, Lq queries, Lk keys, Dh head dim.
 """
 
 from __future__ import annotations
@@ -51,15 +51,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 @dataclass(frozen=True)
 class RowSpan:
     """The real queries [q0, q1) and keys [k0, k1) of one row, and which of them may meet:
-    `allowed` (q1-q0, k1-k0) bool, or None for all (bidirectional). `block` > 0: block-causal
-    (a prompt's prefill), queries at absolute positions k1 - (q1 - q0) ..., whole blocks."""
+    `allowed` (q1-q0, k1-k0) bool, or None for all (bidirectional)."""
 
     q0: int
     q1: int
     k0: int
     k1: int
     allowed: Optional[torch.Tensor] = None
-    block: int = 0
 
 
 def left_padded_spans(key_mask: torch.Tensor, n_queries: int) -> list[RowSpan]:
@@ -74,31 +72,23 @@ def left_padded_spans(key_mask: torch.Tensor, n_queries: int) -> list[RowSpan]:
 class Spans:
     """Per-row spans of block-diffusion rows as tensors of static shape (no host loop, no sync).
 
-    Row b's real queries are its first q_len[b], at absolute positions k_end[b] - q_len[b] + i,
-    and see keys [0, k_end[b]): all of them (causal[b] == 0: a block, bidirectional) or, while a
-    prompt is prefilled, those whose block (of causal[b] positions) is not after the query's.
-    Padded queries see every real key of their row, so no row of the softmax is empty."""
+    Row b's real queries are its first q_len[b] and see keys [0, k_end[b]), all of them (a
+    block attends bidirectionally over its cached context). Padded queries see every real key
+    of their row too, so no row of the softmax is empty."""
 
     q_len: torch.Tensor  # (B,) long
     k_end: torch.Tensor  # (B,) long, >= 1
-    causal: torch.Tensor  # (B,) long: block length of a block-causal row, 0 for bidirectional
 
     def mask(self, Lq: int, Lk: int) -> torch.Tensor:
         """The (B, 1, Lq, Lk) boolean mask of one batched kernel."""
         dev = self.k_end.device
-        i = torch.arange(Lq, device=dev)[None, :, None]  # (1, Lq, 1)
         j = torch.arange(Lk, device=dev)[None, None, :]  # (1, 1, Lk)
         real_key = j < self.k_end[:, None, None]  # (B, 1, Lk)
-        block = self.causal.clamp_min(1)[:, None, None]
-        q_pos = (self.k_end - self.q_len)[:, None, None] + i  # (B, Lq, 1)
-        causal_ok = (self.causal[:, None, None] == 0) | (j // block <= q_pos // block)
-        padded_query = i >= self.q_len[:, None, None]
-        return (real_key & (causal_ok | padded_query))[:, None]
+        return real_key.expand(-1, Lq, -1)[:, None]
 
     def rows(self) -> list[RowSpan]:
         """The same spans row by row (one host read), for the per-row kernel calls."""
-        return [RowSpan(0, w, 0, e, None, c)
-                for w, e, c in zip(self.q_len.tolist(), self.k_end.tolist(), self.causal.tolist())]
+        return [RowSpan(0, w, 0, e) for w, e in zip(self.q_len.tolist(), self.k_end.tolist())]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.Tensor | Sequence[torch.Tensor],
@@ -111,9 +101,6 @@ def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.T
     shares (the masked batched kernel rounds differently in bfloat16). Padded queries give zeros.
     k and v may then be per-row tensors (1, Hk, >= k1, Dh), views of a cache read in place.
     `Spans` give one masked kernel over the batch, of static shape (CUDA graphs).
-    A block-causal span attends one block of queries at a time over exactly the keys it sees
-    (`_block_causal`), so a prompt block's keys/values do not depend on the chunk it was
-    prefilled in: what makes the prefix cache (engine/models/prefix_cache.py) exact.
     """
     if isinstance(mask, Spans):
         mask = mask.mask(q.shape[2], k.shape[2])
@@ -123,22 +110,8 @@ def attend(q: torch.Tensor, k: torch.Tensor | Sequence[torch.Tensor], v: torch.T
     for i, s in enumerate(mask):
         allowed = None if s.allowed is None else s.allowed.to(q.device)
         ki, vi = (k[i], v[i]) if isinstance(k, (list, tuple)) else (k[i:i + 1], v[i:i + 1])
-        if s.block:
-            _block_causal(q[i:i + 1], ki, vi, s, gqa, out[i:i + 1])
-            continue
         out[i:i + 1, :, s.q0:s.q1] = F.scaled_dot_product_attention(
             q[i:i + 1, :, s.q0:s.q1], ki[:, :, s.k0:s.k1], vi[:, :, s.k0:s.k1],
             attn_mask=allowed, enable_gqa=gqa)
     return out
 
-
-def _block_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: RowSpan, gqa: bool, out: torch.Tensor) -> None:
-    """One row's block-causal attention, block by block: the queries of the block at absolute
-    [a, a + c) see keys [0, a + c), all of them, so each call is unmasked and its shape (and its
-    rounding) depends only on the block's position, never on how many blocks share the forward.
-    q, out (1, H, Lq, Dh); k, v (1, Hk, >= k1, Dh)."""
-    c, first = s.block, s.k1 - (s.q1 - s.q0)  # chunks start on a block boundary
-    for a in range(first, s.k1, c):
-        j = s.q0 + a - first
-        out[:, :, j:j + c] = F.scaled_dot_product_attention(q[:, :, j:j + c], k[:, :, :a + c], v[:, :, :a + c],
-                                                           enable_gqa=gqa)

@@ -196,9 +196,9 @@ class BlockRunner(ConfigCosts):
             Wq += -Wq % ROW_ALIGN  # and logits round alike in any chunk and any batch (CPU GEMMs)
         static = self.static and H == B  # prefill parts run eager at their exact shape
         Bp = self.config.bucket_batch(B) if static else B
-        geo = [[slot, start, width, 0] for _, slot, start, width, _ in parts]
-        geo += [[self.slots, 0, 0, 0]] * (Bp - B)  # padding rows: the spare slot, nothing real
-        slots, start, width, causal = torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device)
+        geo = [[slot, start, width] for _, slot, start, width, _ in parts]
+        geo += [[self.slots, 0, 0]] * (Bp - B)  # padding rows: the spare slot, nothing real
+        slots, start, width = torch.tensor(geo, dtype=torch.long).T.contiguous().to(self.device)
         j = torch.arange(Wq, device=self.device)
         real = j[None, :] < width[:, None]  # (Bp, Wq)
         cols = torch.where(real, start[:, None] + j[None, :], self.max_len + j[None, :])  # padded -> scratch
@@ -207,7 +207,7 @@ class BlockRunner(ConfigCosts):
         positions = start[:, None] + j[None, :]
         if static:
             Lk = min(self.config.bucket_length(Lc), self.max_len)
-            inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1), causal)
+            inputs = (ids, positions, slots, cols, width, (start + width).clamp_min(1))
             self._graphed = self.use_graphs and use_graph(Bp * Wq * self._graph_cost, self.config.graph_max_tokens)
             if self._graphed:
                 self._set_moe_static(True)  # the warm-up runs the captured path too
@@ -219,7 +219,7 @@ class BlockRunner(ConfigCosts):
             else:
                 logits = self._static_forward(Lk, *inputs)
         else:
-            spans = Spans(width, start + width, causal)
+            spans = Spans(width, start + width)
             cache = BlockCache(self.kv, slots, cols, Lc, [(p[1], p[2] + p[3]) for p in parts])
             logits = self.model(ids, positions=positions, cache=cache, spans=spans.rows(), head_rows=H)
         if not H:
@@ -234,11 +234,11 @@ class BlockRunner(ConfigCosts):
             return out
         return results, B, Wq
 
-    def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end, causal) -> torch.Tensor:
+    def _static_forward(self, Lk: int, ids, positions, slots, cols, q_len, k_end) -> torch.Tensor:
         """The block forward at a fixed shape: one masked attention kernel per layer over the
         first Lk cache columns, the MoE's static expert computation; what a CUDA graph captures."""
         return self.model(ids, positions=positions, cache=BlockCache(self.kv, slots, cols, Lk),
-                          spans=Spans(q_len, k_end, causal))
+                          spans=Spans(q_len, k_end))
 
     def _harmless(self, B: int, Wq: int) -> tuple[torch.Tensor, ...]:
         """Inputs of a (B, Wq) bucket whose rows write only the spare slot's scratch columns."""
@@ -246,7 +246,7 @@ class BlockRunner(ConfigCosts):
         zeros = torch.zeros(B, dtype=torch.long, device=dev)
         return (torch.full((B, Wq), self.mask_id, device=dev), j.expand(B, Wq).clone(),
                 torch.full((B,), self.slots, device=dev), (self.max_len + j).expand(B, Wq).clone(),
-                zeros, zeros + 1, zeros)
+                zeros, zeros + 1)
 
     def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
                 slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:

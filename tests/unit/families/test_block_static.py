@@ -51,14 +51,12 @@ def test_static_path_is_batch_invariant_in_tokens(folder):
 
 
 def test_span_mask_is_the_per_row_spans():
-    spans = Spans(torch.tensor([3, 8, 0]), torch.tensor([7, 8, 1]), torch.tensor([0, 4, 0]))
+    spans = Spans(torch.tensor([3, 8, 0]), torch.tensor([7, 8, 1]))
     mask = spans.mask(8, 10)
     for b, s in enumerate(spans.rows()):
         row = mask[b, 0]
         assert not row[:, s.k1:].any()
         expect = torch.ones(s.q1, s.k1, dtype=torch.bool) if s.allowed is None else s.allowed
-        if s.block:  # block-causal (a prefill): query i at absolute k1 - q1 + i sees whole blocks up to its own
-            expect = torch.arange(s.k1)[None, :] // s.block <= torch.arange(s.k1 - s.q1, s.k1)[:, None] // s.block
         assert torch.equal(row[:s.q1, :s.k1], expect)
         assert row[s.q1:, :s.k1].all()  # padded queries see every real key: no empty softmax row
 
