@@ -27,7 +27,8 @@ families' rule, confidences not in float64, logits not 16-bit (no table), a tabl
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -41,13 +42,19 @@ _CHUNK = 1 << 21  # logits gathered per pass (16 MiB of float64 terms)
 _TABLES: dict[torch.dtype, torch.Tensor] = {}
 
 
-class Screen(NamedTuple):
+@dataclass(frozen=True)
+class Screen:
     """Per row: how many candidates its rule takes by rank this step (a threshold row: 1, its
     top-1), -1 where every candidate's published value is computed; and its threshold (> 0:
-    every candidate at or above it commits too)."""
+    every candidate at or above it commits too). Given as sequences, kept as tensors (made once
+    a step)."""
 
-    need: tuple[int, ...]
-    threshold: tuple[float, ...]
+    need: torch.Tensor  # (B,) long
+    threshold: torch.Tensor  # (B,) float64
+
+    def __post_init__(self):
+        object.__setattr__(self, "need", torch.as_tensor(self.need, dtype=torch.long))
+        object.__setattr__(self, "threshold", torch.as_tensor(self.threshold, dtype=torch.float64))
 
 
 def screening(batch: SamplingBatch, rule: SelectionRule, logits_dtype: torch.dtype, conf_dtype: torch.dtype
@@ -67,7 +74,7 @@ def screening(batch: SamplingBatch, rule: SelectionRule, logits_dtype: torch.dty
             need.append(1 if batch.thresholds[r] > 0 else max(k[r], 0))
     if all(n < 0 for n in need):
         return None
-    return Screen(tuple(need), tuple(batch.thresholds) + (0.0,) * (B - batch.rows))
+    return Screen(need, tuple(batch.thresholds) + (0.0,) * (B - batch.rows))
 
 
 def _table(dtype: torch.dtype) -> torch.Tensor:
@@ -104,13 +111,13 @@ def contenders(estimate: torch.Tensor, flat: torch.Tensor, B: int, W: int, scree
     valid = estimate.isfinite()
     lo = torch.where(valid, estimate * (1 - REL), torch.full_like(estimate, float("-inf")))
     hi = torch.where(valid, estimate * (1 + REL), torch.full_like(estimate, float("inf")))
-    need = torch.tensor(screen.need)
+    need = screen.need
     rows = flat // W
     n = need.clamp_min(0).minimum(torch.zeros(B, dtype=torch.long).index_add_(0, rows, torch.ones_like(rows)))
     lo_bw = torch.full((B * W,), float("-inf"), dtype=torch.float64).index_copy_(0, flat, lo).view(B, W)
     kth = lo_bw.sort(-1, descending=True).values.gather(1, (n - 1).clamp_min(0)[:, None]).squeeze(1)
     cut = torch.where(n > 0, kth, torch.full_like(kth, float("inf")))
-    thr = torch.tensor(screen.threshold, dtype=torch.float64)
+    thr = screen.threshold
     cut = torch.where(thr > 0, torch.minimum(cut, thr), cut)
     return (need[rows] < 0) | (hi >= cut[rows])
 
@@ -119,7 +126,7 @@ def tied(conf: torch.Tensor, exact: torch.Tensor, screen: Screen) -> torch.Tenso
     """(B,) bool: screened rows whose published values (conf (B, W) where `exact` (B, W)) tie at
     the cut, or hold a NaN: these need every candidate's published value."""
     B, W = conf.shape
-    need = torch.tensor(screen.need)
+    need = screen.need
     vals = torch.where(exact, conf, torch.full_like(conf, float("-inf")))
     ranked = vals.sort(-1, descending=True).values
     n = need.clamp(0, W - 1)
@@ -138,7 +145,7 @@ def screened(logits: torch.Tensor, x0: torch.Tensor, flat: torch.Tensor, screen:
     conf = torch.zeros(B * W, dtype=dtype)
     if flat.numel() == 0:
         return conf.view(B, W)
-    screened_at = torch.tensor(screen.need)[flat // W] >= 0
+    screened_at = screen.need[flat // W] >= 0
     est = torch.full((flat.numel(),), float("nan"), dtype=torch.float64)
     if bool(screened_at.any()):
         at = flat[screened_at]
