@@ -314,6 +314,9 @@ def _refuse_unsupported(raw: dict[str, Any], supported: dict[str, tuple[Any, ...
         raise ModelLoadError("config.json sets options this model does not implement: " + "; ".join(bad))
 
 
+QUANTIZATIONS = ("fp8",)  # EngineConfig.quantization's methods (--quantization)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits and runtime choices; everything a scheduler or runner needs to size itself."""
@@ -356,6 +359,18 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
     collective_timeout_s: float = 120.0
+    # Weights packed to a low-precision format after they load (None: the model dtype): "fp8" is
+    # E4M3 with per-channel scales and W8A8 matmuls (engine/models/fp8.py), vLLM's name.
+    quantization: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ModelLoadError(f"quantization {self.quantization!r} is not supported (choices: "
+                                 f"{', '.join(QUANTIZATIONS)}; leave it unset for the model dtype)")
+        if self.quantization and (self.tensor_parallel_size != 1 or self.expert_parallel):
+            raise ModelLoadError(f"quantization {self.quantization!r} runs on one process only, not with tensor or "
+                                 "expert parallel (--tensor-parallel-size > 1, --expert-parallel): the workers would "
+                                 "load unquantised shards")
 
     @property
     def forward_token_budget(self) -> Optional[int]:

@@ -18,6 +18,7 @@ from celeris.engine.config import EngineConfig, ModelConfig, read_json
 from celeris.engine.families import registry
 from celeris.engine.families.family import FULL, Family, family_of
 from celeris.engine.sampling.knobs import configured
+from celeris.engine.models.fp8 import check_fp8_device, quantize_fp8
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
@@ -86,7 +87,13 @@ class LLM:
              defaults: Optional[SamplingParams] = None) -> LLM:
         """Load a checkpoint folder, or an embedded model by name; None means celeris-tiny."""
         folder = model_folder(folder)
+        if config.quantization == "fp8":  # refused before any weight is read on a device without FP8 matmuls
+            check_fp8_device(config.device)
         model = registry.claim(folder).load(folder, config)  # the first family row that claims the folder
+        if config.quantization == "fp8":  # packed once the weights are in, before any warm-up or graph capture
+            total = count_parameters(model)  # what parameter_count reports: the packed weights are buffers
+            quantize_fp8(model)
+            model.total_parameters = total
         tok = Tokenizer.from_dir(folder, model.cfg)
         return cls(model, tok, config, defaults or model_defaults(folder, model.cfg), name=model.cfg.name)
 

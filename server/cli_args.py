@@ -72,6 +72,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="the most tokens one forward computes (rows x length, vLLM's name): a larger batch steps "
                          "its rows in turns, so a short request never waits behind one long forward "
                          "(default: 2048 on the CPU, no limit on CUDA; 0 = no limit)")
+    ap.add_argument("--quantization", "-q", default=None, metavar="METHOD",
+                    help="pack the weights after they load (vLLM's flag): fp8 = E4M3 weights with per-channel scales "
+                         "and W8A8 matmuls, on a GPU with FP8 matmuls (compute capability 8.9+); embeddings, the LM "
+                         "head and MoE routers stay in --dtype (default: none; docs/models.md)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                     help="split the model over N processes, one per device (docs/parallel.md; default 1)")
     ap.add_argument("--expert-parallel", action="store_true",
@@ -86,7 +90,8 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
     return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
                         expert_parallel=getattr(a, "expert_parallel", False),
-                        collective_timeout_s=getattr(a, "collective_timeout", 120.0), **prefill_config(a, kw), **kw)
+                        collective_timeout_s=getattr(a, "collective_timeout", 120.0),
+                        quantization=getattr(a, "quantization", None), **prefill_config(a, kw), **kw)
 
 
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:

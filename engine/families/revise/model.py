@@ -159,7 +159,10 @@ class Experts(nn.Module):
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Consecutive runs of rows, run e through F.linear(rows, weight[e]).  x: (M, D), weight (E, F, D),
     counts (E,) summing to M -> (M, F). torch's grouped matmul does the loop in one call (on the CPU
-    it is one mm per group: bit-equal to F.linear over the same rows); older torch loops here."""
+    it is one mm per group: bit-equal to F.linear over the same rows); older torch loops here. A weight
+    packed to FP8 (engine/models/fp8.py's Fp8Grouped, `--quantization fp8`) runs its own grouped matmul."""
+    if not isinstance(weight, torch.Tensor):
+        return weight.grouped_linear(x, counts)
     if hasattr(torch, "_grouped_mm"):
         return torch._grouped_mm(x, weight.transpose(1, 2), offs=counts.cumsum(0).to(torch.int32))
     out, start = [], 0
