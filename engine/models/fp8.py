@@ -165,7 +165,7 @@ class Fp8Linear(nn.Module):
         out = out[:, :self.out_features]  # (M, N)
         if self.bias is not None:
             out = out + self.bias
-        return out.view(*lead, self.out_features)
+        return out.reshape(*lead, self.out_features)  # a copy only where N was padded
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 per-channel"

@@ -66,6 +66,7 @@ def test_a_linear_is_packed_and_padded_to_multiples_of_16():
     assert not packed.qweight[24:].float().any() and not packed.qweight[:, 40:].float().any()
     assert packed.qweight.untyped_storage().nbytes() == 32 * 48  # one byte a weight
     assert packed(torch.randn(3, 5, 40)).shape == (3, 5, 24)
+    assert Fp8Linear(torch.randn(24, 40))(torch.randn(3, 5, 40)).shape == (3, 5, 24)  # no bias
 
 
 # ------------------------------------------------------------------ the matmuls
