@@ -49,6 +49,14 @@ timeout 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2
 echo $? >"$WORK/bench.rc"
 tail -3 "$WORK/bench.txt"
 
+# FP8 weights (issue 46), 120 s: fp8 vs bf16 step speed at batch 1 and 32 (LLaDA-8B shapes, random
+# weights), then logit and greedy-token agreement on random tiny and mid shapes (scripts/fp8_quality.py).
+FP8_ARGS=(--json "$WORK/fp8.json")
+[ -n "$SMOKE" ] && FP8_ARGS=(--smoke --json "$WORK/fp8.json")
+timeout 120 python3 scripts/fp8_quality.py "${FP8_ARGS[@]}" >"$WORK/fp8.txt" 2>&1
+echo $? >"$WORK/fp8.rc"
+tail -3 "$WORK/fp8.txt"
+
 # One results file.
 python3 - "$WORK" "$OUT_DIR/gpu-check.json" "$START" <<'PY'
 import json, sys, time, xml.etree.ElementTree as ET
@@ -66,6 +74,8 @@ if (work / "tests.xml").exists():
 bench = json.loads(read("bench.json", "null") or "null")
 report = {"tests": tests, "bench": bench, "bench_rc": int(read("bench.rc", "-1")),
           "bench_tail": (read("bench.txt", "") or "").splitlines()[-40:], "wall_s": int(time.time()) - start}
+report.update(fp8=json.loads(read("fp8.json", "null") or "null"), fp8_rc=int(read("fp8.rc", "-1")),
+              fp8_tail=(read("fp8.txt", "") or "").splitlines()[-20:])
 out.write_text(json.dumps(report, indent=2) + "\n")
 print(f"wrote {out}: tests rc {tests['rc']}, bench rc {report['bench_rc']}, {report['wall_s']} s")
 PY
