@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from celeris.engine.config import EngineConfig, ModelConfig
 from celeris.engine.errors import ModelLoadError
 from celeris.engine.families.block.runner import BlockRunner
@@ -80,11 +82,11 @@ def _load_masked(folder: Path, config: EngineConfig) -> Any:
 
 def _load_revising(folder: Path, config: EngineConfig) -> Any:
     """A DiffusionGemma folder's text model (what is left out is logged), with the stop ids its
-    generation_config.json adds. One process, CPU: no parallel or CUDA path yet."""
+    generation_config.json adds. One process, on the CPU or one CUDA device: no parallel path yet."""
     if config.tensor_parallel_size != 1 or config.expert_parallel:
         raise ModelLoadError("DiffusionGemma is served on one process only (no tensor/expert parallel yet)")
-    if config.device != "cpu":
-        raise ModelLoadError(f"DiffusionGemma is served on the CPU only for now, not {config.device!r}")
+    if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"DiffusionGemma: device {config.device!r} asked for, but torch sees no CUDA device here")
     model = load_gemma(folder, dtype=config.dtype, device=config.device)
     eos = tuple(dict.fromkeys(model.cfg.eos_token_ids + generation_eos(folder)))
     model.cfg = replace(model.cfg, eos_token_ids=eos)  # the tokenizer's stop ids

@@ -61,8 +61,9 @@ def rope_tables(shape: LayerShape, positions: torch.Tensor) -> tuple[torch.Tenso
     """cos/sin over the whole head; a global layer's unrotated part has frequency 0.  (B, T) -> (B, T, hd)"""
     hd = shape.head_dim
     n_rot = int(shape.rotary_fraction * hd // 2)
-    inv = 1.0 / (shape.rope_theta ** (torch.arange(0, 2 * n_rot, 2, dtype=torch.float) / hd))
-    inv = torch.cat([inv, torch.zeros(hd // 2 - n_rot)])
+    dev = positions.device
+    inv = 1.0 / (shape.rope_theta ** (torch.arange(0, 2 * n_rot, 2, dtype=torch.float, device=dev) / hd))
+    inv = torch.cat([inv, torch.zeros(hd // 2 - n_rot, device=dev)])
     freqs = positions[..., None].float() * inv
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -148,7 +149,9 @@ class Experts(nn.Module):
         # (N*k,) by expert, with torch.sort as the reference sorts: a row's place in its group
         # changes its bits (small-M kernels), so the order is the reference's, not a stable one
         order = torch.sort(flat).indices
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0])  # (E,) rows per expert
+        # (E,) rows per expert; not torch.bincount, whose output size costs a host sync on a device
+        counts = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.long, device=flat.device)
+        counts.index_add_(0, flat, torch.ones_like(flat))
         gate, up = grouped_linear(x[order // k], self.gate_up_proj, counts).chunk(2, dim=-1)  # (N*k, I) each
         y = grouped_linear(gelu(gate) * up, self.down_proj, counts) * w.reshape(-1)[order, None]  # (N*k, D)
         out = torch.empty_like(y)
@@ -163,7 +166,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     packed to FP8 (engine/models/fp8.py's Fp8Grouped, `--quantization fp8`) runs its own grouped matmul."""
     if not isinstance(weight, torch.Tensor):
         return weight.grouped_linear(x, counts)
-    if hasattr(torch, "_grouped_mm"):
+    if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):  # CUDA's: bf16
         return torch._grouped_mm(x, weight.transpose(1, 2), offs=counts.cumsum(0).to(torch.int32))
     out, start = [], 0
     for e, n in enumerate(counts.tolist()):
@@ -219,10 +222,10 @@ class KVCache:
             k, v = k[:, :, -keep:], v[:, :, -keep:]
         self.k[i], self.v[i] = k, v
 
-    def key_positions(self, i: int, new: int) -> torch.Tensor:
+    def key_positions(self, i: int, new: int, device: torch.device) -> torch.Tensor:
         """Absolute positions of layer i's cached keys followed by `new` fresh ones.  (Tk,)"""
         cached = 0 if self.k[i] is None else self.k[i].shape[2]
-        return torch.arange(self.length - cached, self.length + new)
+        return torch.arange(self.length - cached, self.length + new, device=device)
 
 
 class DiffusionGemma(nn.Module):
@@ -236,6 +239,11 @@ class DiffusionGemma(nn.Module):
         self.self_conditioning_pre_norm = Norm(cfg.d_model, cfg.rms_norm_eps)
         self.lm_head = None if cfg.weight_tying else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live: every tensor a request's step makes is made there."""
+        return self.embed.weight.device
+
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.embed.weight
         return F.embedding(ids, w) * torch.tensor(self.cfg.d_model ** 0.5, dtype=w.dtype)
@@ -244,18 +252,18 @@ class DiffusionGemma(nn.Module):
     def encode(self, ids: torch.Tensor, cache: KVCache) -> None:
         """Causal pass over new context tokens (the prompt, then each committed canvas).  ids: (1, T)"""
         T = ids.shape[1]
-        pos = torch.arange(cache.length, cache.length + T)
+        pos = torch.arange(cache.length, cache.length + T, device=ids.device)
         h = self.embed_ids(ids)
         for i, layer in enumerate(self.layers):
             shape = layer.self_attn.shape
             cos, sin = rope_tables(shape, pos[None])
             q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
             k_all, v_all = cache.joined(i, k, v)
-            kpos = cache.key_positions(i, T)
+            kpos = cache.key_positions(i, T, ids.device)
             allowed = kpos[None, :] <= pos[:, None]  # (T, Tk)
             if shape.sliding:
                 allowed &= kpos[None, :] > pos[:, None] - self.cfg.sliding_window
-            bias = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            bias = torch.zeros(allowed.shape, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
             a = layer.self_attn.attend(q, k_all, v_all, bias.to(h.dtype)[None, None])
             cache.store(i, k_all, v_all)
             h = h + layer.post_attention_layernorm(a)
@@ -263,15 +271,17 @@ class DiffusionGemma(nn.Module):
         cache.length += T  # the encoder's final norm feeds nothing: only its cache is used
 
     @torch.no_grad()
-    def denoise(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
-        """Bidirectional pass over one request's canvas.  canvas: (1, L) -> logits (1, L, V) float32"""
-        return self._denoise_one(canvas, cache, None if sc_logits is None else sc_logits[0])
+    def denoise(self, canvas: torch.Tensor, cache: KVCache, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
+        """Bidirectional pass over one request's canvas.  canvas: (1, L), sc_probs: (1, L, V) or None ->
+        logits (1, L, V) float32. `sc_probs` is the previous step's softmax of its tempered logits in the
+        weights' dtype (sampler.conditioning_input), what the reference forms inside its forward."""
+        return self._denoise_one(canvas, cache, None if sc_probs is None else sc_probs[0])
 
     @torch.no_grad()
     def denoise_rows(self, canvas: torch.Tensor, caches: list[KVCache],
-                     sc_logits: list[Optional[torch.Tensor]]) -> torch.Tensor:
+                     sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
         """Several requests' canvases, each reading its own cache and conditioned on its own previous
-        logits (None on a canvas's first step).  canvas: (B, L) -> (B, L, V)
+        step (`denoise`'s sc_probs, (L, V); None on a canvas's first step).  canvas: (B, L) -> (B, L, V)
 
         Each row runs the very forward it runs alone, so its logits are bitwise the same in any batch
         (issue #40). One forward over the batch cannot promise that on the CPU: a matmul's rounding
@@ -279,14 +289,14 @@ class DiffusionGemma(nn.Module):
         expert's matmul would run over every row routed to it, and a key axis padded to a longer
         row changes softmax's summation; rounding that self-conditioning then amplifies until the
         canvases diverge. The rows share the step, not the kernels (docs/revising-models.md)."""
-        rows = zip(canvas.split(1), caches, sc_logits)
-        return torch.cat([self._denoise_one(c, cache, lg) for c, cache, lg in rows])
+        rows = zip(canvas.split(1), caches, sc_probs)
+        return torch.cat([self._denoise_one(c, cache, sc) for c, cache, sc in rows])
 
-    def _denoise_one(self, canvas: torch.Tensor, cache: KVCache, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
-        """One request's denoising forward.  canvas: (1, L), sc_logits: (L, V) or None -> (1, L, V)"""
+    def _denoise_one(self, canvas: torch.Tensor, cache: KVCache, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
+        """One request's denoising forward.  canvas: (1, L), sc_probs: (L, V) or None -> (1, L, V)"""
         L = canvas.shape[1]
-        pos = torch.arange(cache.length, cache.length + L)[None]  # (1, L)
-        h = self._conditioned(self.embed_ids(canvas), sc_logits)
+        pos = torch.arange(cache.length, cache.length + L, device=canvas.device)[None]  # (1, L)
+        h = self._conditioned(self.embed_ids(canvas), sc_probs)
         for i, layer in enumerate(self.layers):
             cos, sin = rope_tables(layer.self_attn.shape, pos)
             q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
@@ -295,17 +305,17 @@ class DiffusionGemma(nn.Module):
             h = layer.feed_forward(h, layer.layer_scalar)
         h = self.norm(h)
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(h, w).float()
+        logits = F.linear(h, w).float()  # (1, L, V): in bf16 a fresh fp32 copy, so the rest is in place
         cap = self.cfg.logit_softcap
-        return torch.tanh(logits / cap) * cap
+        return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, bit for bit, one buffer
 
-    def _conditioned(self, x: torch.Tensor, sc_logits: Optional[torch.Tensor]) -> torch.Tensor:
+    def _conditioned(self, x: torch.Tensor, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
         """Self-conditioning: the previous step's expected embedding through a GLU, added to the input
-        (zeros on a canvas's first step, as the reference masks it).  x: (1, L, D), sc_logits (L, V)"""
+        (zeros on a canvas's first step, as the reference masks it).  x: (1, L, D), sc_probs (L, V)"""
         soft = torch.zeros_like(x)
-        if sc_logits is not None:
+        if sc_probs is not None:
             w = self.embed.weight
             scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
-            soft = torch.matmul(torch.softmax(sc_logits[None], dim=-1, dtype=torch.float32).to(w.dtype), w) * scale
+            soft = torch.matmul(sc_probs[None].to(w.dtype), w) * scale
         signal = self.self_conditioning(self.self_conditioning_pre_norm(soft))
         return rms_norm(x + signal, None, self.cfg.rms_norm_eps)

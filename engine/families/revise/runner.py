@@ -1,13 +1,14 @@
 """Runs one batched step of revising-model requests (DiffusionGemma) over `revise_sequence.step_rows`.
 
-Each slot holds one `SlotState`: its exact KV cache (prompt and committed canvases), its
-canvas, self-conditioning logits and its own CPU random stream, seeded as `torch.manual_seed(seed)`
-seeds the global one, so a request decodes the same text alone or batched and the text
-transformers' generate() gives that prompt and seed. A step runs one denoiser forward over every
-row, whatever canvas and step each is at (keys padded per row); a canvas that stops is encoded
-into its row's cache in the same step. A row whose own part of the step fails (non-finite logits,
-its structure, its advance) comes back as `RowResult.error` and ends alone (`step_loop.apply_row`);
-only the forward fails the batch. The contract is `runner_api.StepRunner`.
+Each slot holds one `SlotState`, on the model's device: its exact KV cache (prompt and committed
+canvases), its canvas, self-conditioning input and its own random stream, seeded from the
+request's seed (on the CPU as `torch.manual_seed(seed)` seeds the global one), so a request decodes
+the same text alone or batched, and on the CPU the text transformers' generate() gives that prompt
+and seed. A step runs the denoiser over every row, whatever canvas and step each is at, each row's
+forward then its draws, with one device-to-host transfer for the whole step (slots.py); a canvas
+that stops is encoded into its row's cache in the same step. A row whose own part of the step
+fails (non-finite logits, its structure, its draws or commit) comes back as `RowResult.error` and
+ends alone (`step_loop.apply_row`); only the forward fails the batch. The contract is `runner_api.StepRunner`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from celeris.engine.families.family import Family
 from celeris.engine.families.revise.model import DiffusionGemma
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.families.revise.sequence import RevisingSequence
-from celeris.engine.families.revise.sampler import ReviseParams, StepResult
-from celeris.engine.families.revise.slots import SlotState, RowStep, step_rows
+from celeris.engine.families.revise.sampler import ReviseParams
+from celeris.engine.families.revise.slots import SlotState, RowStep, Stepped, step_rows
 from celeris.engine.sampling.select import token_logprobs
 from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, row_logprobs
 
@@ -58,7 +59,8 @@ class ReviseRunner(ConfigCosts):
         p = seq.params
         self.rows[seq.slot] = SlotState(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
                                              p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
-                                             constraint=seq.constraint, min_tokens=p.min_tokens)
+                                             constraint=seq.constraint, min_tokens=p.min_tokens,
+                                             keep_raw=p.logprobs is not None)
 
     def release(self, slot: int) -> None:
         """The slot's request left (finished, a stop string, cancelled): drop its cache now."""
@@ -86,7 +88,7 @@ class ReviseRunner(ConfigCosts):
         except Exception as exc:
             return RowResult([], [], [], error=row_error(exc))
 
-    def _result(self, seq: RevisingSequence, row: SlotState, res: Optional[StepResult],
+    def _result(self, seq: RevisingSequence, row: SlotState, res: Optional[Stepped],
                 before: int) -> RowResult:
         """What this step wrote: every position of the canvas it denoised (from offset `before`) whose
         shown token changed, and, when that canvas stopped, all of it (its positions became final)."""
@@ -95,7 +97,7 @@ class ReviseRunner(ConfigCosts):
         stopped = len(row.final) > before
         shown = seq.canvas
         positions = [i for i in range(before, end) if stopped or view[i] != shown[i]]
-        conf = [] if res is None else torch.softmax(res.logits, -1).amax(-1).tolist()
+        conf = [] if res is None else res.confidences  # read in the step's one transfer
         tokens = [view[i] for i in positions]
         lps = ()
         if stopped and res is not None and seq.params.logprobs is not None:
@@ -108,4 +110,5 @@ def _canvas_logprobs(raw: torch.Tensor, tokens: list[int], top: int) -> tuple:
     """RowResult.logprobs of a committed canvas: each token's log-probability under the model's own
     logits at the step that committed it (no temperature), with the `top` most likely alternatives."""
     n = len(tokens)
-    return row_logprobs(token_logprobs(raw[None, :n], torch.tensor([tokens]), top), 0, torch.arange(n))
+    ids = torch.tensor([tokens], device=raw.device)
+    return row_logprobs(token_logprobs(raw[None, :n], ids, top), 0, torch.arange(n, device=raw.device))

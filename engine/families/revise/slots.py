@@ -5,19 +5,27 @@ the canvas commits the last step's argmax, which the encoder then appends to the
 Until a canvas commits, every position it shows is provisional; committed canvases are final. The
 request ends after the canvas holding an end-of-sequence token (what follows it becomes padding) or
 after `ceil(max_new_tokens / canvas_length)` canvases.
+
+Devices: every tensor of a row (ids, cache, canvas, self-conditioning input, random stream) lives on
+the model's device. A step runs in two phases: on the device, each row's forward and then its draws
+in that forward's own buffer (`SlotState.draw`: one (L, V) float32 buffer live per row, which stays as
+its self-conditioning input); then one transfer for the whole step (`_host_values`: each row's argmax,
+confidences, mean entropy, stop test and finiteness) and, on the host, the stop rules and commits
+(`SlotState.settle`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
 from celeris.engine.errors import RowFailed, row_error
 from celeris.engine.families.revise.model import DiffusionGemma, KVCache
-from celeris.engine.families.revise.sampler import ReviseParams, RowNoise, StepResult, StopRule, denoise_row
+from celeris.engine.families.revise.sampler import (ReviseParams, RowDraw, RowNoise, StopRule, conditioning_input,
+                                                    denoise_row_)
 from celeris.engine.loop.runner_api import NONFINITE, nonfinite_rows
 from celeris.engine.structured.constraint import Constraint, unpack
 
@@ -41,50 +49,82 @@ class SlotState:
     stop_reason: str = ""  # per canvas: "rule" or "steps"
     constraint: Optional[Constraint] = None  # a structured output (engine/structured)
     min_tokens: int = 0  # no end-of-sequence id drawn or committed before this output position
+    keep_raw: bool = False  # logprobs asked: each step keeps its raw logits (L, V) for its result
 
     def __post_init__(self) -> None:
         cfg = self.model.cfg
-        self.noise = RowNoise(self.seed, cfg.vocab_size, cfg.canvas_length)
+        self.device = self.model.device
+        self.noise = RowNoise(self.seed, cfg.vocab_size, cfg.canvas_length, self.device)
         self.cache = KVCache(cfg)
         self.canvases_left = math.ceil(self.max_new_tokens / cfg.canvas_length)
-        self.model.encode(torch.tensor([self.prompt]), self.cache)
+        self.model.encode(torch.tensor([self.prompt], device=self.device), self.cache)
         self._new_canvas()
 
     def _new_canvas(self) -> None:
         self.fixed = self._fixed_here()
+        offsets, tokens = self.fixed
+        self._fixed_t = (torch.tensor(offsets, device=self.device), torch.tensor(tokens, device=self.device))
         self.canvas = self._pinned(self.noise.uniform_canvas())
-        self.draft = self.canvas.tolist()
-        self.sc_logits: Optional[torch.Tensor] = None
+        self.draft: list[int] = []  # no argmax yet: its first step writes it (nothing reads the noise)
+        self.sc_probs: Optional[torch.Tensor] = None  # (L, V) the last step's probabilities, weights' dtype
         self.stop = StopRule(self.params)
         self.steps_left = self.params.max_denoising_steps
 
     def denoise_input(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The canvas and self-conditioning logits the next forward needs.  (1, L), (1, L, V) or None"""
-        sc = None if self.sc_logits is None else self.sc_logits[None]
+        """The canvas and self-conditioning input the next forward needs.  (1, L), (1, L, V) or None"""
+        sc = None if self.sc_probs is None else self.sc_probs[None]
         return self.canvas[None], sc
 
-    def advance(self, logits: torch.Tensor) -> StepResult:
-        """Apply one forward's logits (L, V): sample, accept, re-noise; commit the canvas when it stops."""
-        r = denoise_row(self._banned(logits), self.canvas, self.steps_left, self.params, self.noise)
-        r.raw = logits  # log-probabilities are the model's own, whatever min_tokens banned
+    def advance(self, logits: torch.Tensor) -> Stepped:
+        """Apply one forward's logits (L, V), left unchanged: sample, accept, re-noise; commit the
+        canvas when it stops (`step_rows` does the same for a batch, without the copy)."""
+        pending = self.draw(logits.clone())
+        return self.settle(pending, next(_host_values([pending])))
+
+    def draw(self, logits: torch.Tensor) -> Pending:
+        """The step's device part, in the forward's buffer `logits` (L, V), which it consumes: the
+        draws, the next canvas, and the self-conditioning input the buffer becomes. On the CPU a row
+        with non-finite logits fails here (its draw would raise); on a device the test rides in the
+        step's one transfer and `settle` fails it."""
+        bad = nonfinite_rows(logits[None], torch.ones(1, logits.shape[0], dtype=torch.bool, device=logits.device))
+        if logits.device.type == "cpu" and bool(bad):
+            raise RowFailed(NONFINITE)
+        raw = logits.clone() if self.keep_raw else None  # log-probabilities are the model's own
+        d = denoise_row_(self._banned(logits), self.steps_left, self.params, self.noise,
+                         keep_tempered=self.constraint is not None)
+        self.canvas = self._pinned(d.canvas)
+        self.sc_probs = conditioning_input(d.probs, self.model.embed.weight.dtype)
+        d.probs = None  # in bf16 the float32 buffer is freed now, not after every row has stepped
+        return Pending(d, raw, bad[0])
+
+    def settle(self, pending: Pending, values: list[float]) -> Stepped:
+        """The step's host part, from this row's values of the step's one transfer: the stop rule,
+        and the commit when the canvas stops."""
+        L = pending.draw.argmax.shape[0]
+        argmax, conf = [int(v) for v in values[:L]], values[L:2 * L]
+        mean_entropy, confident, nonfinite = values[2 * L:]
+        if nonfinite:
+            raise RowFailed(NONFINITE)
         self.steps += 1
-        self.canvas, self.sc_logits, self.draft = self._pinned(r.canvas), r.logits, self._pinned(r.argmax).tolist()
-        stopped = self.stop(r.argmax, r.logits)
+        self.draft = self._pinned_list(argmax)
+        stopped = self.stop.decide(argmax, bool(confident))
         self.steps_left -= 1
         if stopped or self.steps_left == 0:
             self.stop_reason = "rule" if stopped else "steps"
-            self._commit(r.argmax if self.constraint is None else self._constrained(r.logits))
-        return r
+            if self.constraint is None:
+                self._commit(argmax, pending.draw.argmax)
+            else:
+                block = self._constrained(pending.draw.tempered)
+                self._commit(block, torch.tensor(block, device=self.device))
+        return Stepped(conf, mean_entropy, pending.raw)
 
     def _banned(self, logits: torch.Tensor) -> torch.Tensor:
-        """min_tokens: the end-of-sequence ids at -inf on this canvas's positions before it (the
-        draws, the argmax and the entropies all read it; a request without it is untouched)."""
+        """min_tokens: the end-of-sequence ids at -inf on this canvas's positions before it, in place
+        (the draws, the argmax and the entropies all read it; a request without it is untouched)."""
         early = self.min_tokens - len(self.final)
-        if early <= 0 or not self.eos_ids:
-            return logits
-        out = logits.clone()
-        out[:early, list(self.eos_ids)] = float("-inf")
-        return out
+        if early > 0 and self.eos_ids:
+            logits[:early, list(self.eos_ids)] = float("-inf")
+        return logits
 
     # A structured output: the structure's fixed tokens (skeleton, the stop id after it) are pinned
     # on every canvas that holds them, in the input and the shown draft, and a canvas commits left to
@@ -100,13 +140,18 @@ class SlotState:
         return [p - lo for p, _ in pairs], [t for _, t in pairs]
 
     def _pinned(self, canvas: torch.Tensor) -> torch.Tensor:
-        offsets, tokens = self.fixed
-        if offsets:
+        offsets, tokens = self._fixed_t
+        if len(offsets):
             canvas = canvas.clone()
-            canvas[offsets] = torch.tensor(tokens, dtype=canvas.dtype)
+            canvas[offsets] = tokens.to(canvas.dtype)
         return canvas
 
-    def _constrained(self, logits: torch.Tensor) -> torch.Tensor:
+    def _pinned_list(self, tokens: list[int]) -> list[int]:
+        for j, t in zip(*self.fixed):
+            tokens[j] = t
+        return tokens
+
+    def _constrained(self, logits: torch.Tensor) -> list[int]:
         """The canvas to commit under the structure.  logits: (L, V) tempered (same argmax as raw)"""
         c, lo = self.constraint, len(self.final)
         fixed = dict(zip(*self.fixed))
@@ -119,7 +164,7 @@ class SlotState:
             tok = int(logits[j].masked_fill(~allowed, float("-inf")).argmax())
             c.commit(lo + j, tok)
             out.append(tok)
-        return torch.tensor(out)
+        return out
 
     def _allowed(self, pos: int) -> torch.Tensor:
         """(V,) bool: what the slot whose front is `pos` may commit there, through the mask families'
@@ -129,10 +174,10 @@ class SlotState:
         cols, words = c.window([pos])
         if not cols:  # an invariant: a canvas commits its slots left to right, each at its front
             raise c.failure(f"output position {pos} is no slot's front")
-        return unpack(words, c.V, torch.device("cpu"))[0]
+        return unpack(words, c.V, self.device)[0]
 
-    def _commit(self, argmax: torch.Tensor) -> None:
-        block = argmax.tolist()
+    def _commit(self, block: list[int], ids: torch.Tensor) -> None:
+        """Commit the canvas `block` (host ids; `ids` the same on the device, (L,), for the encoder)."""
         self.canvases_left -= 1
         ends = [i for i, t in enumerate(block) if t in self.eos_ids]
         if ends:
@@ -140,13 +185,42 @@ class SlotState:
         self.final += block
         self.draft = []
         if ends or self.canvases_left == 0:
-            self.finished = True
+            self.finished, self.sc_probs = True, None  # its buffer freed now, not at release
             return
-        self.model.encode(argmax[None], self.cache)
+        self.model.encode(ids[None], self.cache)
         self._new_canvas()
 
 
-RowStep = Union[StepResult, Exception, None]
+@dataclass
+class Pending:
+    """A row's step between its device part and its host part."""
+
+    draw: RowDraw
+    raw: Optional[torch.Tensor]  # (L, V) the model's own logits, kept only for logprobs
+    nonfinite: torch.Tensor  # () bool
+
+
+@dataclass
+class Stepped:
+    """A row's step as the runner reads it: host values from the step's one transfer."""
+
+    confidences: list[float]  # (L,) the max probability (tempered) at each position of the canvas it denoised
+    mean_entropy: float
+    raw: Optional[torch.Tensor]  # (L, V) the model's own logits this step, when logprobs were asked
+
+
+def _host_values(rows: list[Pending]) -> Iterator[list[float]]:
+    """Every row's argmax, confidences, mean entropy, stop test and finiteness in one transfer (float64
+    holds the ids and the float32 values exactly): one device sync a step, not one per row per tensor."""
+    if not rows:
+        return iter(())
+    packed = torch.stack([torch.cat([p.draw.argmax.double(), p.draw.confidence.double(),
+                                     torch.stack([p.draw.mean_entropy.double(), p.draw.confident.double(),
+                                                  p.nonfinite.double()])]) for p in rows])  # (B, 2L + 3)
+    return iter(packed.tolist())
+
+
+RowStep = Union[Stepped, Exception, None]
 
 
 def step_rows(model: DiffusionGemma, seqs: list[SlotState]) -> list[RowStep]:
@@ -158,22 +232,22 @@ def step_rows(model: DiffusionGemma, seqs: list[SlotState]) -> list[RowStep]:
     rows = [s for s in seqs if not s.finished]
     if not rows:
         return [None] * len(seqs)
-    canvas = torch.stack([s.canvas for s in rows])
-    logits = model.denoise_rows(canvas, [s.cache for s in rows], [s.sc_logits for s in rows])  # (B, L, V)
-    bad = nonfinite_rows(logits, torch.ones(logits.shape[:2], dtype=torch.bool)).tolist()  # (B,)
-    out = {id(s): _advance(s, lg, nonfinite) for s, lg, nonfinite in zip(rows, logits, bad)}
+    drawn: list[Union[Pending, Exception]] = []
+    for s in rows:  # its forward, then its draws in that forward's buffer: one fresh (L, V) at a time
+        canvas, sc = s.denoise_input()
+        drawn.append(_guarded(s, s.draw, model.denoise(canvas, s.cache, sc)[0]))  # logits (L, V)
+    values = _host_values([d for d in drawn if isinstance(d, Pending)])  # the step's one transfer
+    out = {id(s): d if isinstance(d, Exception) else _guarded(s, s.settle, d, next(values))
+           for s, d in zip(rows, drawn)}
     return [out.get(id(s)) for s in seqs]
 
 
-def _advance(seq: SlotState, logits: torch.Tensor, nonfinite: bool) -> Union[StepResult, Exception]:
-    """One row's step, or the typed error its request alone ends with (errors.row_error: an
-    InvalidRequest naming its structured-output field as it is, else RowFailed naming only the
-    exception's type). A row with non-finite logits draws nothing (NaN would make its draw raise,
-    or write garbage); a failed row is finished here, its state dropped when its slot is released."""
+def _guarded(seq: SlotState, part, *args):
+    """One row's part of the step, or the typed error its request alone ends with (errors.row_error:
+    an InvalidRequest naming its structured-output field as it is, else RowFailed naming only the
+    exception's type). A failed row is finished here, its state dropped when its slot is released."""
     try:
-        if nonfinite:
-            raise RowFailed(NONFINITE)
-        return seq.advance(logits)
+        return part(*args)
     except Exception as exc:
         seq.finished = True
         return row_error(exc)

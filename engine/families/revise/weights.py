@@ -18,7 +18,7 @@ import torch
 from celeris.engine.config import read_json
 from celeris.engine.errors import ModelLoadError
 from celeris.engine.families.revise.model import DiffusionGemma
-from celeris.engine.families.revise.config import ARCHITECTURE, gemma_config
+from celeris.engine.families.revise.config import ARCHITECTURE, GemmaConfig, gemma_config
 from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,11 @@ def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if ARCHITECTURE not in (raw.get("architectures") or []):
         raise ModelLoadError(f"{folder}: config.json does not name {ARCHITECTURE}")
     cfg = gemma_config(raw, name=folder.resolve().name)
-    model = DiffusionGemma(cfg).to(resolve_dtype(dtype))
+    with torch.device("meta"):  # no random init, and no float32 copy of the model on the host
+        model = DiffusionGemma(cfg).to(resolve_dtype(dtype))
     want = model.state_dict()
-    state = StrictState(folder, {name: t.shape for name, t in want.items()}, lambda name, t: t.to(want[name].dtype))
+    state = StrictState(folder, {name: t.shape for name, t in want.items()},
+                        lambda name, t: t.to(device=device, dtype=want[name].dtype))  # each tensor straight there
     skipped = 0
     for name, path, f in tensors(folder):
         ours = celeris_name(name)
@@ -74,8 +76,26 @@ def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         if ours in state and name.startswith("model.encoder.language_model."):
             continue  # an encoder copy of a shared weight the decoder already gave
         state.put(ours, f.get_tensor(name), name, path)
-    model.load_state_dict(state.done(), strict=True)
+    model.load_state_dict(state.done(), strict=True, assign=True)
     if cfg.left_out or skipped:
         log.warning("%s: serving the text model only; left out: %s (%d tensors)", folder.name,
                     ", ".join(cfg.left_out) or "non-text towers", skipped)
-    return model.to(device).eval()
+    return model.eval()
+
+
+def random_gemma(cfg: GemmaConfig, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                 seed: int = 0) -> DiffusionGemma:
+    """A model of `cfg`'s shapes with random weights, made in place on the device in its dtype (no
+    float32 copy on the way: the 26B-A4B shapes fit one GPU only so), for benchmarks and device
+    tests: a step's cost and memory depend on shapes, not values. Norms and scalars are ones."""
+    with torch.device("meta"):
+        model = DiffusionGemma(cfg).to(resolve_dtype(dtype))
+    model = model.to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if "norm" in name or name.endswith(("scalar", "scale")):
+                t.fill_(1.0)
+            else:
+                t.normal_(0.0, 0.02, generator=g)
+    return model.eval()

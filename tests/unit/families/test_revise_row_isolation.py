@@ -93,27 +93,25 @@ def _commit_raises(llm: LLM, seq: Sequence, monkeypatch) -> None:
 def _poisoned_logits(value: float):
     def inject(llm: LLM, seq: Sequence, monkeypatch) -> None:
         """One position of the bad row's logits set to `value` after the (per-row) forward."""
-        forward = DiffusionGemma.denoise_rows
+        forward = DiffusionGemma.denoise
 
-        def poisoned(self, canvas, caches, sc_logits):
-            out = forward(self, canvas, caches, sc_logits)
-            bad = {id(r.cache) for r in llm.runner.rows.values() if r.seed == BAD_SEED}
-            for i, cache in enumerate(caches):
-                if id(cache) in bad:
-                    out[i, 3, 7] = value
+        def poisoned(self, canvas, cache, sc_probs):
+            out = forward(self, canvas, cache, sc_probs)
+            if id(cache) in {id(r.cache) for r in llm.runner.rows.values() if r.seed == BAD_SEED}:
+                out[0, 3, 7] = value
             return out
-        monkeypatch.setattr(DiffusionGemma, "denoise_rows", poisoned)
+        monkeypatch.setattr(DiffusionGemma, "denoise", poisoned)
     return inject
 
 
 def _advance_raises(llm: LLM, seq: Sequence, monkeypatch) -> None:
-    advance = SlotState.advance
+    draw = SlotState.draw  # a row's step: its device part (`settle` is its host part)
 
     def failing(self, logits):
         if self.seed == BAD_SEED and self.steps == 1:  # its second step: mid-canvas
             raise KeyError(SECRET)
-        return advance(self, logits)
-    monkeypatch.setattr(SlotState, "advance", failing)
+        return draw(self, logits)
+    monkeypatch.setattr(SlotState, "draw", failing)
 
 
 INJECTIONS: dict[str, tuple[Callable, bool, type, str]] = {

@@ -193,8 +193,13 @@ def test_mask_knobs_are_refused_and_revise_knobs_checked(llm):
     assert {v.field for v in e.value.violations} == {"t_min", "max_denoising_steps"}
 
 
-def test_unserved_devices_refused_by_name(folder):
-    with pytest.raises(ModelLoadError, match="CPU only"):
+def test_cuda_is_accepted_and_an_absent_device_refused_by_name(folder, monkeypatch):
+    """CUDA is served (tests/gpu/test_revise_cuda.py runs it); asking for it where torch sees none
+    is a load error that says so, before any weight is read."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelLoadError, match="no CUDA device"):
         LLM.load(folder, EngineConfig(device="cuda"))
 
 
