@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Issue 28's device check in one command, within 8 minutes of GPU time: tests/gpu, then
-# scripts/bench_gpu.py, each phase under its own timeout; leaves ONE results file,
-# $OUT/gpu-check.json (or ./gpu-check.json), holding the tests' outcome and the benchmark report.
+# Issue 28's device check in one command, within 13.5 minutes of GPU time (the phase timeouts'
+# sum): tests/gpu, then scripts/bench_gpu.py, then DiffusionGemma's (scripts/bench_gemma.py, issue
+# 46: the 26B-A4B shapes, random bf16 weights, peak memory per sequence and decode tok/s at batch 1
+# and 8, 16 and 48 steps), then FP8's, each phase under its own timeout; leaves ONE results file,
+# $OUT/gpu-check.json (or ./gpu-check.json), holding the tests' outcome and the benchmark reports.
+# The served DiffusionGemma check (gRPC and HTTP on CUDA) is tests/gpu/test_revise_cuda.py, in phase 1.
 #
 #   bash scripts/gpu_check.sh [results-dir]
 #
@@ -36,7 +39,7 @@ SMOKE="${CELERIS_GPU_CHECK_SMOKE:-}"
 
 # Phase 1: tests/gpu (skipped without CUDA), 180 s.
 TESTS=(tests/gpu)
-[ -n "$SMOKE" ] && TESTS=(tests/gpu/test_graph_modes.py)
+[ -n "$SMOKE" ] && TESTS=(tests/gpu/test_graph_modes.py tests/gpu/test_revise_cuda.py)
 timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}" \
   >"$WORK/tests.txt" 2>&1
 echo $? >"$WORK/tests.rc"
@@ -48,6 +51,13 @@ BENCH_ARGS=(--json "$WORK/bench.json" --budget-s 160)
 timeout 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2>&1
 echo $? >"$WORK/bench.rc"
 tail -3 "$WORK/bench.txt"
+
+# Phase 3: DiffusionGemma, 240 s (decode rows stop starting after 150 s).
+GEMMA_ARGS=(--json "$WORK/gemma.json" --budget-s 150)
+[ -n "$SMOKE" ] && GEMMA_ARGS=(--smoke --json "$WORK/gemma.json")
+timeout 240 python3 scripts/bench_gemma.py "${GEMMA_ARGS[@]}" >"$WORK/gemma.txt" 2>&1
+echo $? >"$WORK/gemma.rc"
+tail -3 "$WORK/gemma.txt"
 
 # FP8 weights (issue 46), 120 s: fp8 vs bf16 step speed at batch 1 and 32 (LLaDA-8B shapes, random
 # weights), then logit and greedy-token agreement on random tiny and mid shapes (scripts/fp8_quality.py).
@@ -73,10 +83,13 @@ if (work / "tests.xml").exists():
         tests["cases"].append({"name": case.get("name"), "status": status, "seconds": float(case.get("time", 0))})
 bench = json.loads(read("bench.json", "null") or "null")
 report = {"tests": tests, "bench": bench, "bench_rc": int(read("bench.rc", "-1")),
-          "bench_tail": (read("bench.txt", "") or "").splitlines()[-40:], "wall_s": int(time.time()) - start}
+          "bench_tail": (read("bench.txt", "") or "").splitlines()[-40:],
+          "gemma": json.loads(read("gemma.json", "null") or "null"), "gemma_rc": int(read("gemma.rc", "-1")),
+          "gemma_tail": (read("gemma.txt", "") or "").splitlines()[-20:], "wall_s": int(time.time()) - start}
 report.update(fp8=json.loads(read("fp8.json", "null") or "null"), fp8_rc=int(read("fp8.rc", "-1")),
               fp8_tail=(read("fp8.txt", "") or "").splitlines()[-20:])
 out.write_text(json.dumps(report, indent=2) + "\n")
-print(f"wrote {out}: tests rc {tests['rc']}, bench rc {report['bench_rc']}, {report['wall_s']} s")
+print(f"wrote {out}: tests rc {tests['rc']}, bench rc {report['bench_rc']}, gemma rc {report['gemma_rc']}, "
+      f"{report['wall_s']} s")
 PY
 rm -rf "$WORK"
