@@ -216,6 +216,9 @@ class Compiler:
         grammar, problem, least = self._documents(grammar_text(schema))
         if problem:
             raise StructureError(locate(schema, problem, f) or getattr(why, "path", f), problem)
+        if least < 0:  # none found within MAX_SHORTEST bytes: its end could not be promised, so never served
+            raise StructureError(f, f"no document of at most {MAX_SHORTEST} bytes was found for it; the canvas "
+                                    f"(max_tokens) has {gen_length} tokens")
         if least > gen_length:  # never served as a prefix: refused up front (a request with no length is fitted)
             raise StructureError(f, f"its shortest document takes {least} tokens; the canvas (max_tokens) has "
                                     f"{gen_length}")
@@ -241,8 +244,9 @@ class Compiler:
         return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
 
     def _document_check(self, text: str) -> tuple[str, str, int]:
-        """(grammar, why it cannot be served or "", the tokens its shortest document takes as the
-        closing writes it: document.shortest) of a schema's JSON text (remembered)."""
+        """(grammar, why it cannot be served or "", the fewest tokens its shortest document takes
+        as the closing writes it, completion.shortest; -1 if none is found) of a schema's JSON text
+        (remembered)."""
         try:
             grammar = document_grammar(json.loads(text))
         except ValueError as e:
@@ -252,7 +256,7 @@ class Compiler:
             return grammar, problem, 0
         m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
         path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32))
-        return grammar, "", 0 if path is None else len(path)  # 0: not found (the closing cannot promise an end)
+        return grammar, "", -1 if path is None else len(path)  # -1: none found (refused)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
         """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),

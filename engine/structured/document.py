@@ -23,6 +23,7 @@ from typing import Iterator, Optional
 import llguidance
 import numpy as np
 
+from celeris.engine.structured.completion import MAX_SHORTEST, Scan, Tokens, accepts, segment, shortest  # noqa: F401
 from celeris.engine.structured.formats import exact_formats
 
 # Overrides (applied after the schema's own x-guidance): nothing a client sends relaxes these.
@@ -84,122 +85,59 @@ def grammar_text(schema: object) -> str:
 
 
 CLOSE_MARGIN = 8  # positions kept in hand beyond the completion before closing the document
-CHECK_ZONE = 64  # within this many positions of the completion, tokens that could lengthen it are checked
-MAX_CHECKS = 64  # such tokens checked a step; past that they are left out (it is closing time)
-MAX_SHORTEST = 4096  # tokens the shortest document is looked for within at compile (not found: served, no promise)
-_PRINTABLE = bytes(range(0x20, 0x7f))
-_LETTERS = bytes(range(0x61, 0x7b)) + bytes(range(0x30, 0x3a)) + bytes(range(0x41, 0x5b))
-# Bytes tried in order when writing the completion. Outside strings: close what is open, then
-# separators (a member or item ends, the next required one starts), then the shortest values
-# (digits before `"`: a digit is one token, a string two). Inside a string: close it first.
-_OUTSIDE = b'}],:0123456789"ntf-.[{' + _LETTERS + _PRINTABLE
-_INSIDE = b'"' + _LETTERS + _PRINTABLE
-# Inside a string that has 3 or more bytes and may not end yet (a format, a pattern): the bytes
-# that separate a format's parts first (email's @, a host's dots, a URI's colon), when the last
-# two bytes are not one of them (a part of at least two characters: a top-level domain's).
-_SEPARATORS = b'@.-:/_ '
-
-
-class Scan:
-    """Where a JSON prefix stands, fed byte by byte: inside a string (a key or a value) or not.
-    Only the completion's byte order depends on it (the grammar decides what is allowed)."""
-
-    __slots__ = ("stack", "string", "key", "escape", "want_key", "length", "since")
-
-    def __init__(self):
-        self.stack, self.string, self.key, self.escape, self.want_key = [], False, False, False, False
-        self.length = 0  # bytes in the string open now
-        self.since = 0  # bytes since its last separator (or its start)
-
-    def copy(self) -> "Scan":
-        c = Scan()
-        c.stack, c.string, c.key, c.escape, c.want_key = list(self.stack), self.string, self.key, self.escape, \
-            self.want_key
-        c.length, c.since = self.length, self.since
-        return c
-
-    def feed(self, data: bytes) -> None:
-        for b in data:
-            if self.string:
-                self.length += 1
-                self.since = 0 if b in _SEPARATORS else self.since + 1
-                if self.escape:
-                    self.escape = False
-                elif b == 0x5C:  # backslash
-                    self.escape = True
-                elif b == 0x22:
-                    self.string = False
-            elif b == 0x22:
-                self.string, self.key, self.want_key, self.length, self.since = True, self.want_key, False, 0, 0
-            elif b in (0x7B, 0x5B):  # { [
-                self.stack.append(b)
-                self.want_key = b == 0x7B
-            elif b in (0x7D, 0x5D):  # } ]
-                if self.stack:
-                    self.stack.pop()
-                self.want_key = False
-            elif b == 0x2C:  # ,
-                self.want_key = bool(self.stack) and self.stack[-1] == 0x7B
-            elif b == 0x3A:  # :
-                self.want_key = False
-
-    @property
-    def in_value_string(self) -> bool:
-        return self.string and not self.key
-
-
-class Tokens:
-    """Per tokenizer, built once (Compiler.tokens): each token's bytes, the single-byte tokens in
-    the completion's two byte orders, and which tokens may lengthen the completion inside a
-    string value (those holding a quote or a backslash: they end the string or start an escape)."""
-
-    def __init__(self, ll: llguidance.LLTokenizer, vocab: int, eos: int):
-        self.eos, self.vocab = eos, vocab
-        self.bytes = [ll.decode_bytes([t]) for t in range(vocab)]
-        one = {}
-        for b in range(256):
-            ids = ll.tokenize_bytes(bytes([b]))
-            if len(ids) == 1:
-                one[b] = ids[0]
-        self.outside = [one[b] for b in dict.fromkeys(_OUTSIDE) if b in one]
-        self.inside = [one[b] for b in dict.fromkeys(_INSIDE) if b in one]
-        self.separators = {one[b] for b in _SEPARATORS if b in one}
-        self.separated = self.inside[:1] + [one[b] for b in _SEPARATORS if b in one] + [
-            t for t in self.inside[1:] if t not in self.separators]
-        self.digits = {one[b] for b in b"0123456789" if b in one}
-        self.numeric = self.inside[:1] + [t for t in self.inside[1:] if t in self.digits] + [
-            t for t in self.inside[1:] if t not in self.digits]
-        self.quoting = np.array([b'"' in x or b"\\" in x for x in self.bytes], dtype=bool)
+TEXT_ZONE = 64  # within this many positions of the completion, plain string text is checked token by token
+MAX_TEXT_CHECKS = 256  # such tokens checked a step; past that they are left out (it is closing time)
+PROBES = 3  # plain text tokens checked each step farther from the end (one failing: all are checked)
+FULL_CHECKS = 8  # tokens a step whose completion is searched anew (shortest bytes first); past that left out
 
 
 class Closer:
-    """How a document ends before the canvas does (one per forced slot of a request). It keeps a
-    completion of the matcher's state: a short sequence of tokens to the document's end, written
-    greedily (`shortest`: one single-byte token at a time, the first the grammar allows in a
-    context-aware byte order, checked with `validate_tokens`, no masks). While the completion plus
-    CLOSE_MARGIN fits the positions left, the model chooses freely; after, only the completion's
-    next token is allowed, and committing it leaves the rest of the completion valid (nothing is
-    recomputed while closing). Within CHECK_ZONE positions of the completion, every allowed token
-    that could lengthen it (anything but plain string-value text) is checked first: the
-    completion after it must still fit, else it is left out of the mask. So a document ends as a
-    complete document whenever its completion fits the canvas; Compiler refuses a schema whose
-    shortest document does not fit max_tokens."""
+    """How a document ends before the canvas does (one per forced slot of a request).
+
+    It keeps a completion of the matcher's state: the fewest tokens found to the document's end
+    (completion.shortest). The invariant: at every front, the completion fits the positions left.
+    It holds at the first front (Compiler refuses a schema whose shortest document does not fit
+    max_tokens) and each step keeps it: the mask keeps only tokens after which some completion
+    still fits the room left (`check`), wherever the front is, and the completion found for each
+    kept token is remembered, so the one committed brings its completion with it (nothing is
+    recomputed). A token is kept when, after it, the current completion still ends the document
+    (`[t] + completion` validates: plain text inside a string, a digit), or the completion's bytes
+    go on from its bytes (a longer token along the same text), else when a new shortest
+    completion from after it fits (at most FULL_CHECKS such searches a step, the shortest tokens
+first; a token past them is left out). Plain text inside a string (no quote, no backslash: it can end
+    nothing) is the one class not checked token by token farther than TEXT_ZONE from the end:
+    there PROBES of them are checked each step, and if one fails (the text decides the rest, e.g.
+    an anyOf branch), all of them are, as near the end. When the completion plus CLOSE_MARGIN
+    reaches the room left, only its next token is allowed."""
 
     def __init__(self, tokens: Tokens, words: int):
         self.t = tokens
         self.scan = Scan()
         self.path: Optional[list[int]] = None  # the completion of the matcher's current state, if known
+        self._after: dict[int, list[int]] = {}  # the completion after each token the last check kept
+        self._searches = 0  # new completions searched for in this step's check
+        self._unsure = False  # whether `path` is yet to be verified (kept across unchecked plain text)
         self._scratch = np.zeros(words, dtype=np.uint32)
 
     def consumed(self, tokens: list[int]) -> None:
         """The slot's matcher consumed these tokens (committed or fast-forwarded)."""
         for t in tokens:
+            text = self.scan.string and not self.t.quoting[t]
             self.scan.feed(self.t.bytes[t])
-            self.path = self.path[1:] if self.path and self.path[0] == t else None
+            if self.path and self.path[0] == t:
+                self.path = self.path[1:]
+            elif t in self._after:
+                self.path = self._after[t]
+            else:  # plain text a check let through unchecked: the completion likely still holds (verified on use)
+                self.path, self._unsure = (self.path, True) if text and self.path is not None else (None, False)
+            self._after = {}
 
     def completion(self, matcher: llguidance.LLMatcher, limit: int) -> Optional[list[int]]:
         """The completion of the matcher's state (remembered until a token leaves it), or None if
         it needs more than `limit` tokens."""
+        if self._unsure and self.path is not None and not accepts(matcher, self.path):
+            self.path = None
+        self._unsure = False
         if self.path is None:
             self.path = shortest(self.t, matcher, self.scan, limit, self._scratch)
             if self.path is None:
@@ -217,85 +155,72 @@ class Closer:
         return path if len(path) + CLOSE_MARGIN >= room else None
 
     def check(self, matcher: llguidance.LLMatcher, room: int, words: np.ndarray) -> None:
-        """Near the end (the completion within CHECK_ZONE of `room`), clear from the mask `words`
-        each token after which the completion would no longer fit the room left."""
+        """Clear from the mask `words` each token after which no completion is known to fit the
+        room left (room - 1 positions after this one)."""
         path = self.completion(matcher, room)
-        if path is None or len(path) + CHECK_ZONE < room:
+        self._after, self._searches = {}, 0
+        if path is None:  # nothing known fits (a state no check led to): the mask alone decides
             return
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:self.t.vocab].view(bool)
-        ids = np.flatnonzero(bits & self.t.quoting) if self.scan.in_value_string else np.flatnonzero(bits)
-        checks = 0
-        for t in map(int, ids):
-            if t == self.t.eos or (path and t == path[0]):
-                continue
-            fits = False
-            if checks < MAX_CHECKS:
-                checks += 1
-                m, scan = matcher.deep_copy(), self.scan.copy()
-                if m.consume_token(t):
-                    scan.feed(self.t.bytes[t])
-                    fits = shortest(self.t, m, scan, room - 1, self._scratch) is not None
-            if not fits:
-                words[t >> 5] &= ~np.uint32(1 << (t & 31))
+        ids = np.flatnonzero(bits)
+        if self.scan.string:  # plain text first in line for the probes and the budget
+            text = ids[~self.t.quoting[ids]]
+            others = ids[self.t.quoting[ids]]
+        else:
+            text, others = ids[:0], ids
+        for t in sorted(map(int, others), key=lambda x: len(self.t.bytes[x])):
+            self._keep_or_clear(matcher, path, t, room, words)
+        if not text.size:
+            return
+        probes = text[np.linspace(0, text.size - 1, min(PROBES, text.size)).astype(int)]
+        if len(path) + TEXT_ZONE < room and all(self._fits(matcher, path, int(t), room) for t in probes):
+            return  # far from the end and the text decides nothing seen: plain text stays
+        for k, t in enumerate(map(int, text)):
+            if k >= MAX_TEXT_CHECKS:
+                self._clear(words, t)
+            else:
+                self._keep_or_clear(matcher, path, t, room, words)
 
+    def _keep_or_clear(self, matcher: llguidance.LLMatcher, path: list[int], t: int, room: int,
+                       words: np.ndarray) -> None:
+        if not self._fits(matcher, path, t, room):
+            self._clear(words, t)
 
-def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int,
-             scratch: np.ndarray) -> Optional[list[int]]:
-    """A short completion of m's state (m is left as it was): `_greedy` with a format's separators
-    tried early inside strings, else (it found none within `limit`: a cycle such as
-    'aa@aa@aa...') without them, else digits first (a pattern of digits that letters never reach)."""
-    for order in (tokens.separated, tokens.inside, tokens.numeric):
-        path = _greedy(tokens, m.deep_copy(), scan.copy(), limit, scratch, order)
-        if path is not None:
+    @staticmethod
+    def _clear(words: np.ndarray, t: int) -> None:
+        words[t >> 5] &= ~np.uint32(1 << (t & 31))
+
+    def _fits(self, matcher: llguidance.LLMatcher, path: list[int], t: int, room: int) -> bool:
+        """Whether some completion of at most room - 1 tokens is known after token t (remembered
+        in _after for `consumed`)."""
+        if t == self.t.eos or (path and t == path[0]):
+            return True
+        after = self._after_token(matcher, path, t, room - 1)
+        if after is None or len(after) > room - 1:
+            return False
+        self._after[t] = after
+        return True
+
+    def _after_token(self, matcher: llguidance.LLMatcher, path: list[int], t: int, limit: int
+                     ) -> Optional[list[int]]:
+        """A completion after token t: the current one if it still ends the document after t, the
+        rest of its bytes if they go on from t's, else a new shortest one (within `limit`)."""
+        if len(path) <= limit and accepts(matcher, [t] + path):
             return path
-    return None
-
-
-def _greedy(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int,
-            scratch: np.ndarray, inside: list[int]) -> Optional[list[int]]:
-    """A short completion of m's state (m is consumed): greedily the first single-byte token in
-    the scan's byte order that the grammar allows (a token repeating itself, or a run of digits
-    inside a string, tried last: '57.000...' would go on forever), else the lowest allowed token;
-    None if it needs more than `limit` tokens or none is found."""
-    out: list[int] = []
-    while not m.is_accepting():
-        if len(out) >= limit:
+        m = matcher.deep_copy()
+        if not m.consume_token(t):
             return None
-        if not scan.string:
-            order = tokens.outside
-        elif scan.length >= 3 and scan.since >= 2:
-            order = inside
-        else:  # a part just began: separators last
-            order = [t for t in inside if t not in tokens.separators] + [t for t in inside if t in tokens.separators]
-        later = _repeating(tokens, out) if scan.string else set()
-        t = next((t for t in order if t not in later and m.validate_tokens([t])), None)
-        if t is None:
-            t = next((t for t in order if t in later and m.validate_tokens([t])), None)
-        if t is None:
-            t = _lowest(m, tokens.eos, scratch)
-        if t is None or not m.consume_token(t):
+        tb, got, k = self.t.bytes[t], b"", 0
+        while k < len(path) and len(got) < len(tb):  # the completion's tokens that t's bytes reach into
+            got, k = got + self.t.bytes[path[k]], k + 1
+        if got.startswith(tb) and (len(got) > len(tb) or k < len(path)):
+            head = segment(self.t, None, got[len(tb):]) if len(got) > len(tb) else []
+            rest = None if head is None else head + path[k:]
+            if rest is not None and len(rest) <= limit and accepts(m, rest):
+                return rest
+        if self._searches >= FULL_CHECKS:
             return None
-        out.append(t)
-        scan.feed(tokens.bytes[t])
-    return out
-
-
-def _repeating(tokens: Tokens, out: list[int]) -> set[int]:
-    """Tokens to try last: a run of 3 digits, or of one token."""
-    tail = out[-3:]
-    if len(tail) < 3:
-        return set()
-    if all(t in tokens.digits for t in tail):
-        return tokens.digits
-    return {tail[0]} if len(set(tail)) == 1 else set()
-
-
-def _lowest(m: llguidance.LLMatcher, eos: int, w: np.ndarray) -> Optional[int]:
-    """The lowest allowed token id that is not EOS (one mask), None if none."""
-    m.unsafe_compute_mask_ptr(w.ctypes.data, w.nbytes)
-    w[eos >> 5] &= ~np.uint32(1 << (eos & 31))
-    nz = np.flatnonzero(w)
-    if not nz.size:
-        return None
-    word = int(w[nz[0]])
-    return int(nz[0]) * 32 + (word & -word).bit_length() - 1
+        self._searches += 1
+        scan = self.scan.copy()
+        scan.feed(tb)
+        return shortest(self.t, m, scan, limit, self._scratch, max_bytes=2 * limit + 32)

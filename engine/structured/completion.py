@@ -1,0 +1,260 @@
+"""The shortest way to a document's end, in tokens (the whole-document path's closing, document.py).
+
+A document grammar's state (an llguidance matcher after some tokens) is completed in two passes:
+first as bytes, one single-byte token at a time (`_bytes`: outside strings greedily, the first
+byte the grammar allows in a context-aware order: close what is open, separators, the shortest
+values; inside a string `"` first, and where a string does not close within STRING_GREEDY bytes
+(a pattern or format the greedy order cycles in: 'aa@aa@...') a breadth-first search over the
+matcher's states for the fewest bytes that end it), then as tokens: the fewest tokens that spell
+those bytes (`segment`, a dynamic program over the vocabulary; llguidance is byte-level, so any
+spelling of an allowed byte string is allowed: the matcher checks it anyway). The canvas counts
+tokens, so a document's length is its token count, not its bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import llguidance
+import numpy as np
+
+MAX_SHORTEST = 16384  # bytes the shortest document is looked for within at compile (past that: refused)
+STRING_GREEDY = 48  # bytes a string may take greedily before its end is searched for breadth first
+STRING_DEPTH = 96  # bytes that search goes to
+STRING_WIDTH = 32  # matcher states it keeps a byte (distinct by their masks)
+_PRINTABLE = bytes(range(0x20, 0x7f))
+_LETTERS = bytes(range(0x61, 0x7b)) + bytes(range(0x30, 0x3a)) + bytes(range(0x41, 0x5b))
+# Bytes tried in order when writing the completion. Outside strings: close what is open, then
+# separators (a member or item ends, the next required one starts), then the shortest values
+# (digits before `"`: a digit is one token, a string two). Inside a string: close it first.
+_OUTSIDE = b'}],:0123456789"ntf-.[{' + _LETTERS + _PRINTABLE
+_INSIDE = b'"' + _LETTERS + _PRINTABLE
+# Inside a string that has 3 or more bytes and may not end yet (a format, a pattern): the bytes
+# that separate a format's parts first (email's @, a host's dots, a URI's colon), when the last
+# two bytes are not one of them (a part of at least two characters: a top-level domain's).
+_SEPARATORS = b'@.-:/_ '
+
+
+class Scan:
+    """Where a JSON prefix stands, fed byte by byte: inside a string (a key or a value) or not.
+    Only the completion's byte order depends on it (the grammar decides what is allowed)."""
+
+    __slots__ = ("stack", "string", "key", "escape", "want_key", "length", "since")
+
+    def __init__(self):
+        self.stack, self.string, self.key, self.escape, self.want_key = [], False, False, False, False
+        self.length = 0  # bytes in the string open now
+        self.since = 0  # bytes since its last separator (or its start)
+
+    def copy(self) -> "Scan":
+        c = Scan()
+        c.stack, c.string, c.key, c.escape, c.want_key = list(self.stack), self.string, self.key, self.escape, \
+            self.want_key
+        c.length, c.since = self.length, self.since
+        return c
+
+    def feed(self, data: bytes) -> None:
+        for b in data:
+            if self.string:
+                self.length += 1
+                self.since = 0 if b in _SEPARATORS else self.since + 1
+                if self.escape:
+                    self.escape = False
+                elif b == 0x5C:  # backslash
+                    self.escape = True
+                elif b == 0x22:
+                    self.string = False
+            elif b == 0x22:
+                self.string, self.key, self.want_key, self.length, self.since = True, self.want_key, False, 0, 0
+            elif b in (0x7B, 0x5B):  # { [
+                self.stack.append(b)
+                self.want_key = b == 0x7B
+            elif b in (0x7D, 0x5D):  # } ]
+                if self.stack:
+                    self.stack.pop()
+                self.want_key = False
+            elif b == 0x2C:  # ,
+                self.want_key = bool(self.stack) and self.stack[-1] == 0x7B
+            elif b == 0x3A:  # :
+                self.want_key = False
+
+    @property
+    def in_value_string(self) -> bool:
+        return self.string and not self.key
+
+
+class Tokens:
+    """Per tokenizer, built once (Compiler.tokens): each token's bytes, the single-byte tokens in
+    the completion's byte orders, the tokens that hold a quote or a backslash (inside a string
+    they end it or start an escape: never plain text) and a table of byte strings to tokens
+    (`segment`)."""
+
+    def __init__(self, ll: llguidance.LLTokenizer, vocab: int, eos: int):
+        self.eos, self.vocab = eos, vocab
+        self.bytes = [ll.decode_bytes([t]) for t in range(vocab)]
+        one = {}
+        for b in range(256):
+            ids = ll.tokenize_bytes(bytes([b]))
+            if len(ids) == 1:
+                one[b] = ids[0]
+        self.outside = [one[b] for b in dict.fromkeys(_OUTSIDE) if b in one]
+        self.inside = [one[b] for b in dict.fromkeys(_INSIDE) if b in one]
+        self.separators = {one[b] for b in _SEPARATORS if b in one}
+        self.separated = self.inside[:1] + [one[b] for b in _SEPARATORS if b in one] + [
+            t for t in self.inside[1:] if t not in self.separators]
+        self.digits = {one[b] for b in b"0123456789" if b in one}
+        self.numeric = self.inside[:1] + [t for t in self.inside[1:] if t in self.digits] + [
+            t for t in self.inside[1:] if t not in self.digits]
+        self.quoting = np.array([b'"' in x or b"\\" in x for x in self.bytes], dtype=bool)
+        self.single = np.zeros(vocab, dtype=bool)
+        self.single[list(one.values())] = True
+        special = {eos} | {t for t in range(vocab) if not self.bytes[t]}
+        self.spell: dict[bytes, int] = {}
+        for t in range(vocab):  # the lowest id of each byte string (special ids never spell text)
+            if t not in special:
+                self.spell.setdefault(self.bytes[t], t)
+        self.longest = max(map(len, self.spell), default=1)
+
+
+def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
+             max_bytes: int = MAX_SHORTEST) -> Optional[list[int]]:
+    """The fewest tokens found that take m's state to the document's end (m is left as it was),
+    or None if none within `limit` tokens (or `max_bytes` bytes) is found."""
+    max_bytes = min(max_bytes, limit * tokens.longest)
+    for order in (tokens.separated, tokens.inside, tokens.numeric):
+        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order)
+        if path is not None:
+            best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
+            return best if len(best) <= limit else None
+    return None
+
+
+def segment(tokens: Tokens, m: Optional[llguidance.LLMatcher], data: bytes) -> Optional[list[int]]:
+    """The fewest tokens that spell `data` (a dynamic program over its prefixes), if m's state
+    takes them all and accepts after them (m None: not checked); else None."""
+    n, inf = len(data), 1 << 30
+    best, back = [0] + [inf] * n, [0] * (n + 1)
+    for i in range(1, n + 1):
+        for k in range(max(0, i - tokens.longest), i):
+            if best[k] + 1 < best[i] and data[k:i] in tokens.spell:
+                best[i], back[i] = best[k] + 1, k
+    if best[n] >= inf:
+        return None
+    out, i = [], n
+    while i:
+        out.append(tokens.spell[data[back[i]:i]])
+        i = back[i]
+    out.reverse()
+    return out if m is None or accepts(m, out) else None
+
+
+def accepts(m: llguidance.LLMatcher, path: list[int]) -> bool:
+    """Whether m's state takes every token of `path` and then accepts (m is left as it was)."""
+    if m.validate_tokens(path) != len(path):
+        return False
+    c = m.deep_copy()
+    return c.consume_tokens(path) and c.is_accepting()
+
+
+def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
+           inside: list[int]) -> Optional[list[int]]:
+    """A short completion of m's state as single-byte tokens (m is consumed): greedily the first
+    token in the scan's byte order that the grammar allows (a token repeating itself, or a run of
+    digits inside a string, tried last: '57.000...' would go on forever), else the lowest allowed
+    token; a string still open after STRING_GREEDY bytes is ended by `_string_end` from where it
+    began instead. None if it needs more than `limit` bytes or none is found."""
+    out: list[int] = []
+    opened: Optional[tuple[llguidance.LLMatcher, Scan, int]] = None  # at the open string's first byte
+    while not m.is_accepting():
+        if len(out) >= limit:
+            return None
+        if scan.string and opened is None:
+            opened = (m.deep_copy(), scan.copy(), len(out))
+        elif not scan.string:
+            opened = None
+        if opened is not None and len(out) - opened[2] == STRING_GREEDY:
+            end = _string_end(tokens, opened[0], opened[1], scratch)
+            if end is not None:  # the greedy bytes of this string are replaced by the fewest found
+                m, scan, out, opened = end[0], end[1], out[:opened[2]] + end[2], None
+                continue
+        t = _next_byte(tokens, m, scan, out, inside, scratch)
+        if t is None or not m.consume_token(t):
+            return None
+        out.append(t)
+        scan.feed(tokens.bytes[t])
+    return out
+
+
+def _next_byte(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, out: list[int], inside: list[int],
+               scratch: np.ndarray) -> Optional[int]:
+    if not scan.string:
+        order = tokens.outside
+    elif scan.length >= 3 and scan.since >= 2:
+        order = inside
+    else:  # a part just began: separators last
+        order = [t for t in inside if t not in tokens.separators] + [t for t in inside if t in tokens.separators]
+    later = _repeating(tokens, out) if scan.string else set()
+    t = next((t for t in order if t not in later and m.validate_tokens([t])), None)
+    if t is None:
+        t = next((t for t in order if t in later and m.validate_tokens([t])), None)
+    return _lowest(m, tokens.eos, scratch) if t is None else t
+
+
+def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np.ndarray
+                ) -> Optional[tuple[llguidance.LLMatcher, Scan, list[int]]]:
+    """The fewest single-byte tokens found that end the string open in m's state (m is left as it
+    was): breadth first over the matcher's states, at most STRING_WIDTH a byte (states with the
+    same mask at the same depth counted once), at most STRING_DEPTH bytes. -> (the matcher and
+    scan after them, the tokens), or None."""
+    level = [(m.deep_copy(), scan, [])]
+    for _ in range(STRING_DEPTH):
+        seen, nxt = set(), []
+        for mm, sc, path in level:
+            mm.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
+            key = scratch.tobytes()
+            if key in seen:
+                continue
+            seen.add(key)
+            bits = np.unpackbits(scratch.view(np.uint8), bitorder="little")[:tokens.vocab].view(bool)
+            allowed = set(np.flatnonzero(bits & tokens.single).tolist())
+            classes = set()  # one letter of each case and one digit stand for the rest (`"` first)
+            for t in tokens.inside:
+                b = tokens.bytes[t]
+                kind = "a" if b.islower() else "A" if b.isupper() else "0" if b.isdigit() else b
+                if t not in allowed or kind in classes:
+                    continue
+                classes.add(kind)
+                c, s = mm.deep_copy(), sc.copy()
+                if not c.consume_token(t):
+                    continue
+                s.feed(tokens.bytes[t])
+                if not s.string:
+                    return c, s, path + [t]
+                nxt.append((c, s, path + [t]))
+            if len(seen) >= STRING_WIDTH:
+                break
+        if not nxt:
+            return None
+        level = nxt
+    return None
+
+
+def _repeating(tokens: Tokens, out: list[int]) -> set[int]:
+    """Tokens to try last: a run of 3 digits, or of one token."""
+    tail = out[-3:]
+    if len(tail) < 3:
+        return set()
+    if all(t in tokens.digits for t in tail):
+        return tokens.digits
+    return {tail[0]} if len(set(tail)) == 1 else set()
+
+
+def _lowest(m: llguidance.LLMatcher, eos: int, w: np.ndarray) -> Optional[int]:
+    """The lowest allowed token id that is not EOS (one mask), None if none."""
+    m.unsafe_compute_mask_ptr(w.ctypes.data, w.nbytes)
+    w[eos >> 5] &= ~np.uint32(1 << (eos & 31))
+    nz = np.flatnonzero(w)
+    if not nz.size:
+        return None
+    word = int(w[nz[0]])
+    return int(nz[0]) * 32 + (word & -word).bit_length() - 1
