@@ -1,0 +1,171 @@
+"""The whole-document path's closing (issue 42): no committed token, wherever it lands, leaves the
+document unable to end inside the canvas; the up-front refusal counts tokens, not bytes.
+
+Schemas written for these tests: an early choice (an optional key, an anyOf branch, an array
+item) makes the rest of the shortest document much longer than the gap left, so a token committed
+far from the end would cut the document. An adversarial driver picks such tokens whenever the
+mask allows them; the engine decodes them beside a free request and another schema."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import jsonschema
+import llguidance
+import numpy as np
+import pytest
+
+from celeris.engine.errors import InvalidRequest
+from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.requests import Request
+from celeris.engine.structured.completion import Scan, shortest
+from celeris.engine.structured.constraint import Compiler, Constraint, Structured, StructureError
+
+_STAMP = {"type": "string", "format": "date-time"}
+# `{"n":0}` is the shortest document; opening "big" early needs ~12 date-times more.
+FAR = {"type": "object", "required": ["n"], "properties": {
+    "n": {"type": "integer"},
+    "big": {"type": "object", "required": [f"stamp{i}" for i in range(12)],
+            "properties": {f"stamp{i}": _STAMP for i in range(12)}},
+    "note": {"type": "string"}}}
+# A branch chosen by a key's value: the short one or one with a long required remainder.
+BRANCH = {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}}, "anyOf": [
+    {"properties": {"kind": {"const": "a"}}},
+    {"properties": {"kind": {"const": "b"}, "rest": {"type": "array", "minItems": 30, "items": _STAMP}},
+     "required": ["rest"]}]}
+# Items whose every one is long, in an unbounded array: each `,` opens another.
+ITEMS = {"type": "object", "required": ["xs"], "properties": {
+    "xs": {"type": "array", "items": {"type": "object", "required": ["when", "until"],
+                                      "properties": {"when": _STAMP, "until": _STAMP}}}}}
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM.load(EMBEDDED_MODELS["celeris-tiny"])
+
+
+@pytest.fixture(scope="module")
+def compiler(llm) -> Compiler:
+    return Compiler(llm.tokenizer, llm.requests.family_vocab)
+
+
+def _valid(schema: dict, text: str) -> None:
+    cls = jsonschema.validators.validator_for(schema)
+    cls(schema, format_checker=cls.FORMAT_CHECKER).validate(json.loads(text))
+
+
+def _drive(compiler: Compiler, schema: dict, n: int, seed: int) -> tuple[list[int], int]:
+    """Decode `schema` on an n-token canvas without a model: at each front, a token that opens
+    something (`,` `{` `[` `"`) whenever the mask allows one, else any allowed token; the stop
+    id only when nothing else is allowed. -> (tokens before the stop id, fronts whose every
+    allowed token was checked against a fresh search)."""
+    rng = random.Random(seed)
+    c = Constraint(compiler.compile(Structured("json_schema", schema, "s"), n), compiler)
+    eos, toks, byts = compiler.tok.eos_id, compiler.tokens, compiler.tokens.bytes
+    out: list[int] = []
+    for p in range(n):
+        _, words = c.window([p])
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(words[0].view(np.uint8), bitorder="little"))
+                   if t < compiler.vocab_size]
+        body = [t for t in allowed if t != eos]
+        if not body:
+            assert allowed == [eos], "a front with no token to continue"
+            return out, p
+        opening = [t for t in body if any(b in byts[t] for b in b',{["')]
+        tok = rng.choice(opening if opening and rng.random() < 0.8 else body)
+        c.commit(p, tok)
+        out.append(tok)
+    return out, n
+
+
+@pytest.mark.parametrize("schema,n", [(FAR, 48), (FAR, 120), (BRANCH, 40), (BRANCH, 160), (ITEMS, 60),
+                                      (ITEMS, 200)])
+def test_an_adversarial_decode_always_closes_inside_the_canvas(compiler, schema, n):
+    for seed in range(3):
+        out, _ = _drive(compiler, schema, n, seed)
+        assert len(out) < n or compiler.tokens.eos not in out
+        _valid(schema, compiler.tok.decode(out))
+
+
+def test_every_token_the_mask_allows_leaves_a_completion_that_fits(compiler):
+    """At each front of a tight decode, every allowed token is followed by a completion (searched
+    afresh, independently of the closer's cache) within the positions left."""
+    n = 56
+    c = Constraint(compiler.compile(Structured("json_schema", FAR, "s"), n), compiler)
+    rng, eos = random.Random(0), compiler.tok.eos_id
+    scratch = np.zeros(c.words, np.uint32)
+    for p in range(n):
+        _, words = c.window([p])
+        if p in c._force:  # a token the grammar forces (the matcher already took it)
+            c.commit(p, c._force[p])
+            continue
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(words[0].view(np.uint8), bitorder="little"))
+                   if t < compiler.vocab_size and t != eos]
+        if not allowed:
+            break
+        m, closer = c._matchers[0], c._closers[0]
+        for t in allowed[:40]:
+            mm, scan = m.deep_copy(), closer.scan.copy()
+            assert mm.consume_token(t)
+            scan.feed(compiler.tokens.bytes[t])
+            rest = [] if mm.is_accepting() else shortest(compiler.tokens, mm, scan, 4096, scratch)
+            assert rest is not None and 1 + len(rest) <= n - p, (p, compiler.tokens.bytes[t])
+        c.commit(p, rng.choice([t for t in allowed if b"," in compiler.tokens.bytes[t]] or allowed))
+
+
+def test_the_shortest_document_counts_tokens_not_bytes(compiler):
+    """Keys spelled by multi-byte tokens: the up-front count is the fewest tokens, below the
+    bytes, and a canvas of exactly that many tokens is accepted and closes."""
+    schema = {"type": "object", "required": ["description", "properties", "required"], "properties": {
+        "description": {"type": "integer"}, "properties": {"type": "integer"}, "required": {"type": "integer"},
+        "note": {"type": "string"}}}  # an optional key: the document path
+    layout = compiler.compile(Structured("json_schema", schema, "s"), 512)
+    least = layout.needed
+    assert layout.path == "document"
+    data = b'{"description":0,"properties":0,"required":0}'
+    assert 0 < least < len(data)
+    compiler.compile(Structured("json_schema", schema, "s"), least)
+    with pytest.raises(StructureError, match=rf"shortest document takes {least} tokens"):
+        compiler.compile(Structured("json_schema", schema, "s"), least - 1)
+    out, _ = _drive(compiler, schema, least, 0)
+    _valid(schema, compiler.tok.decode(out))
+
+
+def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
+    """A pattern the greedy byte order never ends ('aa@aa@...'): the search finds its end, so the
+    schema is served with its end promised, and a schema with no finite document is refused."""
+    schema = {"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "string", "pattern": "^[a-z]{2}@[a-z]{2}#[0-9]{3}$"}, "note": {"type": "string"}}}
+    layout = compiler.compile(Structured("json_schema", schema, "s"), 512)
+    assert layout.path == "document" and 0 < layout.needed < 30
+    p = shortest(compiler.tokens, llguidance.LLMatcher(compiler.ll, layout.slots[0].grammar), Scan(), 4096,
+                 np.zeros((compiler.vocab_size + 31) // 32, np.uint32))
+    _valid(schema, compiler.tok.decode(p))
+    endless = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["next"],
+                                                          "properties": {"next": {"$ref": "#/$defs/node"}}}}}
+    with pytest.raises(StructureError, match="no document of at most"):
+        compiler.compile(Structured("json_schema", endless, "s"), 512)
+
+
+def test_tight_canvases_validate_beside_a_free_request_and_another_schema(llm):
+    """Through the engine: the far-from-end schemas at tight max_tokens, in one batch with a free
+    request and a different schema; a refused request fails alone, and every document validates."""
+    def params(n, seed):
+        return replace(llm.defaults, gen_length=n, steps=n, block_length=n, temperature=1.0, seed=seed)
+
+    other = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}
+    jobs = [(FAR, 64), (BRANCH, 48), (ITEMS, 64), (FAR, 96), (BRANCH, 96), (other, 32)]
+    seqs = [llm.build(Request(prompt="JSON:", params=params(n, s),
+                              structured=Structured("json_schema", schema, "s"))) for s, (schema, n) in enumerate(jobs)]
+    free = llm.build(Request(prompt="Once upon a time", params=params(32, 7)))
+    with pytest.raises(InvalidRequest, match="shortest document"):  # refused up front, alone
+        llm.build(Request(prompt="JSON:", params=params(2, 0), structured=Structured("json_schema", ITEMS, "s")))
+    outs = llm.run(seqs + [free])
+    for (schema, _), out in zip(jobs, outs):
+        assert out.error is None and out.finish_reason == FinishReason.STOP, out.text
+        _valid(schema, out.text)
+    alone = llm.run([llm.build(Request(prompt="Once upon a time", params=params(32, 7)))])[0]
+    assert outs[-1].error is None and outs[-1].text == alone.text
