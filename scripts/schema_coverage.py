@@ -75,8 +75,10 @@ def reason_of(e: StructureError) -> str:
 
 
 def measure(compiler: Compiler, ll: llguidance.LLTokenizer, rows, max_tokens: int) -> list[dict]:
-    results = []
-    for subset, name, schema in rows:
+    results, start = [], time.perf_counter()
+    for i, (subset, name, schema) in enumerate(rows):
+        if i and i % 500 == 0:  # progress on stderr: a full run takes minutes on a few cores
+            print(f"  compiled {i}/{len(rows)} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             path, reason = compiler.compile(Structured("json_schema", schema, "schema"), max_tokens).path, ""
