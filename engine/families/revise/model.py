@@ -70,9 +70,11 @@ def rope_tables(shape: LayerShape, positions: torch.Tensor) -> tuple[torch.Tenso
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, hd); cos/sin: (B, T, hd)"""
+    """x: (B, T, H, hd); cos/sin: (B, T, hd) float32, cast to x's dtype as the reference casts them (in
+    bf16 q and k stay bf16, as v is; float32 is unchanged)"""
     half = x.shape[-1] // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos[:, :, None] + turned * sin[:, :, None]
 
 
