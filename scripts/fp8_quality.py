@@ -5,7 +5,8 @@ token agreement of whole greedy decodes, and on CUDA a runner step's speed at ba
     python scripts/fp8_quality.py --json out.json   # CUDA: the same on torch._scaled_mm, + LLaDA-8B speed
     python scripts/fp8_quality.py --smoke           # tiny shapes only (the rehearsal in gpu_check.sh)
 
-Per model shape: random fp32 weights N(0, 0.8/sqrt(fan_in)) (norms 1), cast to bf16; the fp8 model is
+Per model shape: random fp32 weights N(0, 0.8/sqrt(fan_in)) (norms 1; DiffusionGemma's q/k norms
+head_dim^-1/4, since its attention has scale 1.0), cast to bf16; the fp8 model is
 quantize_fp8 of those bf16 weights. Logits: one denoising forward over B rows (random prompt, a
 canvas half masked, half random tokens), compared over the canvas positions: cosine similarity,
 max |error| / the row's bf16 logit range, top-1 agreement. `bf16 vs fp32` beside it is what bf16
@@ -79,7 +80,8 @@ def agreement(ref: torch.Tensor, out: torch.Tensor) -> dict:
     rel = (out - ref).abs().amax(-1) / (ref.amax(-1) - ref.amin(-1))
     return {"cosine_mean": round(cos.mean().item(), 5), "cosine_min": round(cos.min().item(), 5),
             "max_abs_err_over_range": round(rel.max().item(), 5), "mean_abs_err_over_range": round(rel.mean().item(), 5),
-            "top1_agreement": round((ref.argmax(-1) == out.argmax(-1)).float().mean().item(), 4), "positions": len(ref)}
+            "top1_agreement": round((ref.argmax(-1) == out.argmax(-1)).float().mean().item(), 4), "positions": len(ref),
+            "distinct_top1": len(ref.argmax(-1).unique())}  # random models may rank one token first everywhere
 
 
 def trio(cfg: ModelConfig, device: str, seed: int = 0):
@@ -144,6 +146,11 @@ def gemma_rows(name: str, text: dict, a) -> list[dict]:
                 max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     cfg = gemma_config({"text_config": text, "canvas_length": a.gen_length})
     fp32 = init_random(DiffusionGemma(cfg), 0)
+    with torch.no_grad():  # attention scale 1.0 leaves the temperature to the q/k norms: with norm
+        for layer in fp32.layers:  # weights 1, q.k has variance head_dim and attention is one-hot and
+            w = layer.self_attn.shape.head_dim ** -0.25  # chaotic; these weights give q.k variance 1,
+            layer.self_attn.q_norm.weight.fill_(w)  # the 1/sqrt(head_dim) of the other families
+            layer.self_attn.k_norm.weight.fill_(w)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, cfg.vocab_size, (1, a.prompt_len), generator=g)
     canvas = torch.randint(3, cfg.vocab_size, (1, a.gen_length), generator=g)
@@ -217,7 +224,7 @@ def conditions(a, device: str) -> dict:
     return {"device": torch.cuda.get_device_name() if cuda else cpu_name(), "load_average": os.getloadavg()[0],
             "fp8_path": "torch._scaled_mm (row-wise)" if cuda else "reference (dequantised, float32 matmul)",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "threads": torch.get_num_threads(),
-            "init": "N(0, 0.8/sqrt(fan_in)), norms 1", "logit_rows": a.batch, "prompt_len": a.prompt_len,
+            "init": "N(0, 0.8/sqrt(fan_in)), norms 1 (DiffusionGemma's q/k norms head_dim^-1/4)", "logit_rows": a.batch, "prompt_len": a.prompt_len,
             "canvas": a.gen_length, "smoke": a.smoke, "date": time.strftime("%Y-%m-%d")}
 
 
@@ -225,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes only, seconds")
     ap.add_argument("--sizes", default="tiny,mid")
+    ap.add_argument("--models", default="dense,moe,gemma", help="comma-separated subset")
     ap.add_argument("--batch", type=int, default=4, help="rows of the logit comparison")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--gen-length", type=int, default=64, help="canvas of the logit comparison")
@@ -249,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 (f"moe-{size}", lambda: mask_model_rows(f"moe-{size}", config(MOES[size], **MOE), device, a))]
         if device == "cpu":  # DiffusionGemma's text model runs on the CPU in this checkout
             runs.append((f"gemma-{size}", lambda: gemma_rows(f"diffusion-gemma-{size}", GEMMA[size], a)))
-        for name, make in runs:
+        for name, make in [r for r in runs if r[0].split("-")[0] in a.models.split(",")]:
             for row in make():
                 report["rows"].append(row)
                 print(json.dumps(row), flush=True)
