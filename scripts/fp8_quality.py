@@ -230,7 +230,7 @@ def conditions(a, device: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes only, seconds")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, few positions and steps: seconds")
     ap.add_argument("--sizes", default="tiny,mid")
     ap.add_argument("--models", default="dense,moe,gemma", help="comma-separated subset")
     ap.add_argument("--batch", type=int, default=4, help="rows of the logit comparison")
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
     sizes = ["tiny"] if a.smoke else [s for s in a.sizes.split(",") if s]
+    if a.smoke:  # every phase in seconds, not figures: the CPU rehearsal of gpu_check.sh
+        a.batch, a.prompt_len, a.gen_length, a.decode_rows, a.decode_gen = 2, 8, 16, 2, 8
     a.speed_batches = [int(b) for b in a.speed_batches.split(",") if b] if not a.smoke else []
     device = "cuda" if torch.cuda.is_available() and fp8_capable("cuda") and not a.smoke else "cpu"
     report = {"conditions": conditions(a, device), "rows": [], "speed": []}
