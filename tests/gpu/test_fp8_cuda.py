@@ -78,3 +78,25 @@ def test_packing_stays_on_the_device_and_halves_bf16_weights():
     summary = quantize_fp8(model)
     assert summary.bytes_after < summary.bytes_before / 1.8  # bf16 -> one byte a weight (+ a scale a row)
     assert all(b.is_cuda for b in model.buffers())
+
+
+def test_served_fp8_diffusion_gemma_packs_its_experts_and_decodes(tmp_path):
+    """DiffusionGemma through LLM.load with fp8 on the device: attention, GLUs and the 3-D experts
+    packed (experts through torch._scaled_grouped_mm on Hopper), routers kept, requests decode."""
+    pytest.importorskip("transformers")
+    from celeris.engine.config import EngineConfig
+    from celeris.engine.families.revise.sampler import ReviseParams
+    from celeris.engine.families.revise.slots import generate
+    from celeris.engine.llm import LLM
+    from tests.unit.revise_references.gemma_checkpoint import write_checkpoint, write_tokenizer
+
+    folder = write_tokenizer(write_checkpoint(tmp_path / "dg", canvas_length=8, seed=8))
+    llm = LLM.load(folder, EngineConfig(device="cuda", dtype="bfloat16", quantization="fp8", max_batch=2,
+                                        max_prompt_tokens=32, max_gen_length=16))
+    layer = llm.model.layers[0]
+    assert isinstance(layer.experts.gate_up_proj, Fp8Grouped) and isinstance(layer.self_attn.q_proj, Fp8Linear)
+    assert type(layer.router.proj) is torch.nn.Linear
+    p = ReviseParams(max_denoising_steps=4, entropy_bound=1.5, t_min=0.05, t_max=0.2, stability_threshold=1,
+                     confidence_threshold=2.5)
+    tokens = generate(llm.model, [2, 5, 6, 7], p, 0, 8)
+    assert len(tokens) > 0 and all(0 <= t < llm.model.cfg.vocab_size for t in tokens)
