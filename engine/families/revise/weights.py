@@ -66,7 +66,9 @@ def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         model = DiffusionGemma(cfg).to(resolve_dtype(dtype))
     want = model.state_dict()
     state = StrictState(folder, {name: t.shape for name, t in want.items()},
-                        lambda name, t: t.to(device=device, dtype=want[name].dtype))  # each tensor straight there
+                        # each tensor straight there, as its own allocation: the file's buffer may be
+                        # aligned otherwise, and MKL's matmul rounding depends on its operands' alignment
+                        lambda name, t: t.to(device=device, dtype=want[name].dtype, copy=True))
     skipped = 0
     for name, path, f in tensors(folder):
         ours = celeris_name(name)
