@@ -59,12 +59,14 @@ def llada_shape(d_model: int, layers: int) -> ModelConfig:
                        rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081, name="llada-shape-random")
 
 
-def random_model(cfg: ModelConfig, dtype: torch.dtype) -> MaskPredictor:
+def random_model(cfg: ModelConfig, dtype: torch.dtype, peaked: int = 0) -> MaskPredictor:
     torch.manual_seed(0)
     model = MaskPredictor(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+        head = model.transformer.wte.weight if cfg.weight_tying else model.transformer.ff_out.weight
+        head[1000:1000 + peaked] *= 50  # logit std ~16 against ~0.3: a handful of leaders a position
     return model.to(dtype).eval().requires_grad_(False)
 
 
@@ -124,7 +126,7 @@ def run(model: MaskPredictor, a: argparse.Namespace, sampler: Any = sampler_mod)
     cfg = EngineConfig(max_batch=a.batch, max_prompt_tokens=a.prompt_len, max_gen_length=a.gen_length)
     runner = Runner(model, cfg)
     params = SamplingParams(gen_length=a.gen_length, steps=a.gen_length, block_length=a.block_length, seed=0,
-                            stop_at_eos=False).validate(a.gen_length)
+                            stop_at_eos=False, temperature=a.temperature, top_p=a.top_p).validate(a.gen_length)
 
     def fresh(i: int) -> Sequence:
         s = Sequence(f"r{i}", [5 + i] * a.prompt_len, params, model.cfg.mask_token_id, frozenset())
@@ -168,6 +170,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=24, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0, help="< 1: every request filters its nucleus")
+    ap.add_argument("--peaked", type=int, default=0,
+                    help="give this many tokens LM-head rows 50x the others, so each position's logits have a few "
+                         "clear leaders as a trained model's do (0: all rows alike, logits near uniform)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, run in this order")
     ap.add_argument("--baseline-select", type=Path, default=None,
@@ -178,7 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(a.threads)
     cfg = llada_shape(a.d_model, a.layers)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    models = {k: random_model(cfg, dtypes[k]) for k in a.dtypes.split(",")}
+    models = {k: random_model(cfg, dtypes[k], a.peaked) for k in a.dtypes.split(",")}
     baseline = load_select(a.baseline_select) if a.baseline_select else None
     variants = [(name, name, sampler_mod) for name in models]
     if baseline is not None:
@@ -193,7 +200,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ratio = med["float32"]["step_ms"] / med["bfloat16"]["step_ms"] if {"float32", "bfloat16"} <= set(med) else None
     load = os.getloadavg()
     cond = {"model": f"LLaDA layout, random, d_model {a.d_model}, {a.layers} layers, vocab {VOCAB}",
-            "batch": a.batch, "prompt_len": a.prompt_len, "gen_length": a.gen_length, "block_length": a.block_length,
+            "batch": a.batch, "temperature": a.temperature, "top_p": a.top_p, "peaked": a.peaked,
+            "prompt_len": a.prompt_len, "gen_length": a.gen_length, "block_length": a.block_length,
             "steps_timed": a.steps, "repeats": a.repeats, "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "load_avg_1m": round(load[0], 2)}

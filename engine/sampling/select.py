@@ -27,70 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
+from celeris.engine.sampling.filters import filter_logits
+from celeris.engine.sampling.noise import gumbel_scores, position_hash, sampled_argmax, uniform_noise
 from celeris.engine.sampling.screen import TABLE_DTYPES, Screen, rows_at, screened, screening
 
 NEG_INF = float("-inf")
-_M32 = 0xFFFFFFFF
-
-
-# ---------------------------------------------------------------- counter-based randomness
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (xorshift-multiply); int64 holds the uint32, constants < 2^31
-    keep every product below 2^63 so nothing overflows."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x5BD1E995) & _M32
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seed: torch.Tensor, step: torch.Tensor, pos: torch.Tensor, vocab: Optional[int], stream: int) -> torch.Tensor:
-    """U(0,1) in float64 with 48 random bits, a pure function of its integer coordinates.
-
-    seed, step: (B,) int64; pos: (B, W) int64. Returns (B, W, vocab), or (B, W) if vocab is None.
-    """
-    s = _mix32((seed ^ (seed >> 32)) & _M32) ^ stream
-    h = _mix32(_mix32(s[:, None] ^ (step & _M32)[:, None]) ^ (pos & _M32))  # (B, W)
-    if vocab is not None:
-        v = torch.arange(vocab, device=pos.device, dtype=torch.int64)
-        h = _mix32(h[..., None] ^ v)  # (B, W, V)
-    hi, lo = h >> 8, _mix32(h ^ 0x2545F491) >> 8  # two 24-bit halves
-    return (hi.double() * 2.0**24 + lo.double() + 0.5) / 2.0**48
-
-
-def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """log of LLaDA's exp(logits) / (-log U)^T, in float64: the same argmax without overflow."""
-    return logits.double() - temperature.double()[:, None, None] * torch.log(-torch.log(u))
-
-
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                  temperature: torch.Tensor, nucleus: bool = True, top_k_max: int = 0) -> torch.Tensor:
-    """Per-row top-k / top-p (nucleus) / min-p filtering, -inf outside, with Dream's tie and mass rules.
-
-    logits (B, W, V); top_k (B,) int, 0 = off: keep logits >= the k-th largest (its ties too);
-    top_p (B,) float, 1 = off: keep a token while the probability mass before it is <= top_p;
-    min_p (B,) float, 0 = off: keep a token whose probability at the row's temperature is at least
-    min_p times the top token's (vLLM's rule), i.e. logit >= top logit + temperature * log(min_p).
-    nucleus / top_k_max (host facts of the batch): without top-p only the top_k_max largest logits
-    are sorted (Dream's default top_k of 50 over a 152k vocabulary), with the same result.
-    """
-    V = logits.shape[-1]
-    if nucleus:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    else:
-        sorted_logits = torch.topk(logits, min(max(top_k_max, 1), V), dim=-1).values
-    k = torch.where(top_k > 0, top_k.clamp(max=sorted_logits.shape[-1]), torch.ones_like(top_k))
-    kth = torch.gather(sorted_logits, -1, (k - 1)[:, None, None].expand(*logits.shape[:2], 1))  # (B, W, 1)
-    keep = (logits >= kth) | (top_k <= 0)[:, None, None]
-    if nucleus:
-        probs = F.softmax(sorted_logits.float(), dim=-1)
-        before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
-        keep_sorted = (before <= top_p.to(probs.dtype)[:, None, None]) | (top_p >= 1)[:, None, None]
-        keep &= torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    floor = (temperature * torch.log(min_p)).to(logits.dtype)[:, None, None]  # -inf where min_p = 0
-    keep &= (logits - sorted_logits[..., :1] >= floor) | (min_p <= 0)[:, None, None]
-    return logits.masked_fill(~keep, NEG_INF)
 
 
 # ---------------------------------------------------------------- confidence measures
@@ -198,9 +139,11 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     if batch.frequency is not None:
         logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
                           batch.stop_ids, rule.mask_id)
-    pick = logits if batch.top_k is None else filter_logits(logits, batch.top_k, batch.top_p, batch.min_p,
-                                                            batch.temperature, batch.nucleus, batch.top_k_max)
-    if batch.sampling:
+    pick = logits if batch.top_k is None else _filtered(logits, batch, window)
+    if batch.sampling and logits.device.type == "cpu" and batch.editing is None and batch.min_tokens is None:
+        scores = None  # drawn at the candidates only, from the tokens each can draw (sampled_argmax)
+        x0 = _drawn(pick, batch, window, rule.mask_id)
+    elif batch.sampling:
         scores = gumbel_scores(pick, batch.temperature, uniform_noise(batch.seed, batch.step, window.noise_pos, V, 0))
     elif rule.x0_from_probs:
         scores = F.softmax(pick, dim=-1)  # ties of the rounded probabilities: first wins
@@ -214,8 +157,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
     # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
     free = first_argmax(scores) if batch.editing is not None else None
-    # committing the mask token would leave the position masked forever
-    x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
+    if scores is not None:  # committing the mask token would leave the position masked forever
+        x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
     # Edits read the confidence of written positions too, so only a row set without editing limits
     # the float64 softmax to the candidates (and screens them: engine/sampling/screen.py).
@@ -236,6 +179,31 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     conf = torch.where(window.candidate, conf, torch.full_like(conf, NEG_INF))
     commit, n_commit = _commit(conf, window.candidate, batch, rule.block_threshold)
     return Selection(x0, commit, conf, n_commit, free, edit_conf)
+
+
+def _drawn(pick: torch.Tensor, batch: SamplingBatch, window: Window, mask_id: int) -> torch.Tensor:
+    """x0 (B, W) of a sampling step on the CPU: each candidate's Gumbel-max draw, the mask id
+    excluded, hashing noise only for the tokens it can draw; other positions keep their token
+    (never read: only candidates commit or are shown as provisional)."""
+    B, W, V = pick.shape
+    flat = window.candidate.reshape(-1).nonzero().squeeze(1)  # (N,) b * W + w
+    h = position_hash(batch.seed, batch.step, window.noise_pos, 0).reshape(-1)[flat]
+    drawn = sampled_argmax(pick.reshape(B * W, V)[flat], h, batch.temperature[flat // W], mask_id)
+    return window.tokens.reshape(-1).index_copy(0, flat, drawn).view(B, W)
+
+
+def _filtered(logits: torch.Tensor, batch: SamplingBatch, window: Window) -> torch.Tensor:
+    """`filter_logits` of the window; on the CPU, of its candidate positions only (a nucleus or a
+    top-k sorts a vocabulary-sized row): the pick at any other position is never read, unless the
+    row set edits (LLaDA2.1 reads every position's pick). Elsewhere the others keep their logits."""
+    knobs = (batch.top_k, batch.top_p, batch.min_p, batch.temperature)
+    if logits.device.type != "cpu" or batch.editing is not None:
+        return filter_logits(logits, *knobs, batch.nucleus, batch.top_k_max)
+    B, W, V = logits.shape
+    flat = window.candidate.reshape(-1).nonzero().squeeze(1)  # (N,) b * W + w
+    rows = filter_logits(logits.reshape(B * W, 1, V)[flat], *(k[flat // W] for k in knobs), batch.nucleus,
+                         batch.top_k_max)  # (N, 1, V): one position a row, its request's knobs
+    return logits.reshape(B * W, V).index_copy(0, flat, rows.view(-1, V)).view(B, W, V)
 
 
 def _argmax_but(scores: torch.Tensor, banned: int, first: Optional[torch.Tensor], in_place: bool) -> torch.Tensor:
