@@ -6,9 +6,9 @@ vocabulary of log(exp(logits) / (-log U)^T).
 
 On the CPU the noise of a whole window (B x W x a 126k vocabulary of hashes, logs and doubles) cost
 more than the layers of a small model's step, and most of it is never read: only candidate
-positions are drawn, and under top-k / top-p / a structure only the tokens left above -inf can
-win. `sampled_argmax` hashes exactly those (row, token) pairs; a token at -inf scores -inf
-whatever its noise, so the argmax is the dense one's (first maximum, first NaN).
+positions are drawn (`row_scores`), and under top-k / top-p / a structure only the tokens left
+above -inf can win: `sampled_argmax` hashes exactly those (row, token) pairs; a token at -inf
+scores -inf whatever its noise, so the argmax is the dense one's (first maximum, first NaN).
 """
 
 from __future__ import annotations
@@ -60,16 +60,18 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tens
     return logits.double() - temperature.double()[:, None, None] * torch.log(-torch.log(u))
 
 
-def sampled_argmax(rows: torch.Tensor, h: torch.Tensor, temperature: torch.Tensor, banned: int) -> torch.Tensor:
-    """The Gumbel-max draw of each row with token `banned` excluded: `first_argmax` of
-    `gumbel_scores` (stream 0's noise) with `banned` at -inf, hashing only tokens above -inf.
+def row_scores(rows: torch.Tensor, h: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """`gumbel_scores` of rows (N, V) given each row's `position_hash` h (N,) and temperature (N,)."""
+    u = _uniform(_mix32(h[:, None] ^ torch.arange(rows.shape[-1], device=rows.device)))  # (N, V)
+    return rows.double() - temperature.double()[:, None] * torch.log(-torch.log(u))
 
-    rows (N, V) logits; h (N,) each row's `position_hash`; temperature (N,). -> (N,) long.
-    A row with nothing above -inf draws token 0, as the dense argmax of an all -inf row does.
-    """
+
+def sampled_argmax(rows: torch.Tensor, h: torch.Tensor, temperature: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """The first argmax of each row's `row_scores` over its `live` tokens (N, V) bool, hashing
+    only those. Every token not live must be at -inf in rows or excluded by the caller (the mask
+    id). rows (N, V) logits; h (N,); temperature (N,) -> (N,) long. A row with nothing live
+    draws token 0, as the dense argmax of an all -inf row does; a NaN wins, the first one."""
     N, V = rows.shape
-    live = rows != NEG_INF  # NaN is live: it wins, as it does in the dense argmax
-    live[:, banned] = False
     r, v = live.nonzero(as_tuple=True)  # (K,) row-major: by row, then by token id
     u = _uniform(_mix32(h[r] ^ v))
     s = rows[r, v].double() - temperature.double()[r] * torch.log(-torch.log(u))  # (K,)

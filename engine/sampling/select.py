@@ -28,10 +28,11 @@ import torch.nn.functional as F
 
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 from celeris.engine.sampling.filters import filter_logits
-from celeris.engine.sampling.noise import gumbel_scores, position_hash, sampled_argmax, uniform_noise
+from celeris.engine.sampling.noise import gumbel_scores, position_hash, row_scores, sampled_argmax, uniform_noise
 from celeris.engine.sampling.screen import TABLE_DTYPES, Screen, rows_at, screened, screening
 
 NEG_INF = float("-inf")
+SPARSE_DRAW = 8  # a sampled step hashes only the live tokens when under 1 in this many are
 
 
 # ---------------------------------------------------------------- confidence measures
@@ -188,7 +189,15 @@ def _drawn(pick: torch.Tensor, batch: SamplingBatch, window: Window, mask_id: in
     B, W, V = pick.shape
     flat = window.candidate.reshape(-1).nonzero().squeeze(1)  # (N,) b * W + w
     h = position_hash(batch.seed, batch.step, window.noise_pos, 0).reshape(-1)[flat]
-    drawn = sampled_argmax(pick.reshape(B * W, V)[flat], h, batch.temperature[flat // W], mask_id)
+    rows, temperature = pick.reshape(B * W, V)[flat], batch.temperature[flat // W]  # (N, V), (N,)
+    live = rows != NEG_INF  # NaN is live: it wins, as it does in the dense argmax
+    live[:, mask_id] = False
+    if int(live.sum()) * SPARSE_DRAW < live.numel():  # filtered rows: the few tokens left
+        drawn = sampled_argmax(rows, h, temperature, live)
+    else:  # most tokens can win: the candidates' whole rows
+        scores = row_scores(rows, h, temperature)
+        scores[:, mask_id] = NEG_INF
+        drawn = first_argmax(scores)
     return window.tokens.reshape(-1).index_copy(0, flat, drawn).view(B, W)
 
 

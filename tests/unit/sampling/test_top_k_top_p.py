@@ -192,11 +192,13 @@ def test_a_draw_from_the_live_tokens_only_is_the_whole_rows_draw():
         banned = 0 if trial % 2 else V - 1
         if trial % 2:
             rows[3, 0], rows[3, 1] = 1.0, float("-inf")
-        assert torch.equal(sampled_argmax(rows.clone(), h, temperature, banned),
-                           _dense_draw(rows, h, temperature, banned)), trial
+        live = rows != float("-inf")
+        live[:, banned] = False
+        assert torch.equal(sampled_argmax(rows, h, temperature, live), _dense_draw(rows, h, temperature, banned)), trial
 
 
-def test_sampling_on_the_cpu_draws_what_the_whole_window_draws(monkeypatch):
+@pytest.mark.parametrize("sparse_draw", [1, 10**9])  # the candidates' whole rows / only their live tokens
+def test_sampling_on_the_cpu_draws_what_the_whole_window_draws(monkeypatch, sparse_draw):
     import celeris.engine.sampling.select as sampler
     from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, SelectionRule, Window
     from celeris.engine.sampling.noise import gumbel_scores, uniform_noise
@@ -215,6 +217,7 @@ def test_sampling_on_the_cpu_draws_what_the_whole_window_draws(monkeypatch):
         u = uniform_noise(b.seed, b.step, w.noise_pos, pick.shape[-1], 0)
         return sampler._argmax_but(gumbel_scores(pick, b.temperature, u), mask_id, None, in_place=True)
 
+    monkeypatch.setattr(sampler, "SPARSE_DRAW", sparse_draw)
     for rule in (SelectionRule(mask_id=mask), SelectionRule(mask_id=mask, conf_after_filter=True)):
         logits = torch.randn(B, W, V, generator=g) * 2
         logits[..., mask] = 50.0  # the model's favourite is the mask token: never drawn
