@@ -19,6 +19,17 @@ import llguidance
 import numpy as np
 
 MAX_SHORTEST = 16384  # bytes the shortest document is looked for within at compile (past that: refused)
+# Matcher operations (a mask, a token validated, a state copied) one search may spend: a budget in
+# work, not seconds, so a schema's verdict does not depend on the machine's load. At compile a
+# search past it refuses the schema (a hostile schema took 141 s of one core before); during
+# decoding a search past its budget counts as none found: for a token tried at a front
+# (TOKEN_FUEL, at most document.FULL_CHECKS a step) that leaves it out of the step's mask; for
+# the front's own completion (STEP_FUEL; a committed token brings its completion, so rarely
+# searched) the mask alone decides that step. ~3.7 us an operation on a 2-core AVX2 VM: at most
+# ~1.5 s a schema at compile, ~0.2 s a step.
+COMPILE_FUEL = 400_000
+STEP_FUEL = 20_000
+TOKEN_FUEL = 5_000
 STRING_GREEDY = 48  # bytes a string may take greedily before its end is searched for breadth first
 STRING_DEPTH = 96  # bytes that search goes to
 STRING_WIDTH = 32  # matcher states it keeps a byte (distinct by their masks)
@@ -33,6 +44,22 @@ _INSIDE = b'"' + _LETTERS + _PRINTABLE
 # that separate a format's parts first (email's @, a host's dots, a URI's colon), when the last
 # two bytes are not one of them (a part of at least two characters: a top-level domain's).
 _SEPARATORS = b'@.-:/_ '
+
+
+class OutOfFuel(Exception):
+    """A completion search spent its budget of matcher operations (COMPILE_FUEL, STEP_FUEL)."""
+
+
+class Fuel:
+    __slots__ = ("left",)
+
+    def __init__(self, budget: int):
+        self.left = budget
+
+    def spend(self, n: int = 1) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise OutOfFuel
 
 
 class Scan:
@@ -117,12 +144,14 @@ class Tokens:
 
 
 def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-             max_bytes: int = MAX_SHORTEST) -> Optional[list[int]]:
+             max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL) -> Optional[list[int]]:
     """The fewest tokens found that take m's state to the document's end (m is left as it was),
-    or None if none within `limit` tokens (or `max_bytes` bytes) is found."""
+    or None if none within `limit` tokens (or `max_bytes` bytes) is found. OutOfFuel if the
+    search takes more than `fuel` matcher operations."""
     max_bytes = min(max_bytes, limit * tokens.longest)
+    budget = Fuel(fuel)
     for order in (tokens.separated, tokens.inside, tokens.numeric):
-        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order)
+        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget)
         if path is not None:
             best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
             return best if len(best) <= limit else None
@@ -157,7 +186,7 @@ def accepts(m: llguidance.LLMatcher, path: list[int]) -> bool:
 
 
 def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-           inside: list[int]) -> Optional[list[int]]:
+           inside: list[int], fuel: Fuel) -> Optional[list[int]]:
     """A short completion of m's state as single-byte tokens (m is consumed): greedily the first
     token in the scan's byte order that the grammar allows (a token repeating itself, or a run of
     digits inside a string, tried last: '57.000...' would go on forever), else the lowest allowed
@@ -173,11 +202,11 @@ def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scra
         elif not scan.string:
             opened = None
         if opened is not None and len(out) - opened[2] == STRING_GREEDY:
-            end = _string_end(tokens, opened[0], opened[1], scratch)
+            end = _string_end(tokens, opened[0], opened[1], scratch, fuel)
             if end is not None:  # the greedy bytes of this string are replaced by the fewest found
                 m, scan, out, opened = end[0], end[1], out[:opened[2]] + end[2], None
                 continue
-        t = _next_byte(tokens, m, scan, out, inside, scratch)
+        t = _next_byte(tokens, m, scan, out, inside, scratch, fuel)
         if t is None or not m.consume_token(t):
             return None
         out.append(t)
@@ -186,7 +215,8 @@ def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scra
 
 
 def _next_byte(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, out: list[int], inside: list[int],
-               scratch: np.ndarray) -> Optional[int]:
+               scratch: np.ndarray, fuel: Fuel) -> Optional[int]:
+    fuel.spend()
     if not scan.string:
         order = tokens.outside
     elif scan.length >= 3 and scan.since >= 2:
@@ -194,13 +224,18 @@ def _next_byte(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, out: list[in
     else:  # a part just began: separators last
         order = [t for t in inside if t not in tokens.separators] + [t for t in inside if t in tokens.separators]
     later = _repeating(tokens, out) if scan.string else set()
-    t = next((t for t in order if t not in later and m.validate_tokens([t])), None)
+    t = next((t for t in order if t not in later and _valid(m, t, fuel)), None)
     if t is None:
-        t = next((t for t in order if t in later and m.validate_tokens([t])), None)
+        t = next((t for t in order if t in later and _valid(m, t, fuel)), None)
     return _lowest(m, tokens.eos, scratch) if t is None else t
 
 
-def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np.ndarray
+def _valid(m: llguidance.LLMatcher, t: int, fuel: Fuel) -> bool:
+    fuel.spend()
+    return bool(m.validate_tokens([t]))
+
+
+def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np.ndarray, fuel: Fuel
                 ) -> Optional[tuple[llguidance.LLMatcher, Scan, list[int]]]:
     """The fewest single-byte tokens found that end the string open in m's state (m is left as it
     was): breadth first over the matcher's states, at most STRING_WIDTH a byte (states with the
@@ -210,6 +245,7 @@ def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np
     for _ in range(STRING_DEPTH):
         seen, nxt = set(), []
         for mm, sc, path in level:
+            fuel.spend()
             mm.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
             key = scratch.tobytes()
             if key in seen:
@@ -224,6 +260,7 @@ def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np
                 if t not in allowed or kind in classes:
                     continue
                 classes.add(kind)
+                fuel.spend()
                 c, s = mm.deep_copy(), sc.copy()
                 if not c.consume_token(t):
                     continue

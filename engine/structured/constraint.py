@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from celeris.engine.errors import FieldViolation, InvalidRequest
+from celeris.engine.structured.completion import COMPILE_FUEL, OutOfFuel
 from celeris.engine.structured.document import MAX_SHORTEST, Closer, Scan, Tokens, document_grammar, grammar_text, \
     locate, shortest
 from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  (runners import them here)
@@ -255,7 +256,12 @@ class Compiler:
         if problem:
             return grammar, problem, 0
         m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
-        path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32))
+        try:
+            path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32),
+                            fuel=COMPILE_FUEL)
+        except OutOfFuel:
+            return grammar, (f"its shortest document was not found within the search budget ({COMPILE_FUEL:,} "
+                             "grammar steps)"), 0
         return grammar, "", -1 if path is None else len(path)  # -1: none found (refused)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:

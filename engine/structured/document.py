@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import llguidance
 import numpy as np
 
-from celeris.engine.structured.completion import MAX_SHORTEST, Scan, Tokens, accepts, segment, shortest  # noqa: F401
+from celeris.engine.structured.completion import MAX_SHORTEST, TOKEN_FUEL, OutOfFuel, Scan, Tokens, accepts, segment, shortest  # noqa: F401
 from celeris.engine.structured.formats import exact_formats
 
 # Overrides (applied after the schema's own x-guidance): nothing a client sends relaxes these.
@@ -139,7 +139,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
             self.path = None
         self._unsure = False
         if self.path is None:
-            self.path = shortest(self.t, matcher, self.scan, limit, self._scratch)
+            self.path = _searched(lambda: shortest(self.t, matcher, self.scan, limit, self._scratch))
             if self.path is None:
                 return None
         return self.path if len(self.path) <= limit else None
@@ -223,4 +223,14 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
         self._searches += 1
         scan = self.scan.copy()
         scan.feed(tb)
-        return shortest(self.t, m, scan, limit, self._scratch, max_bytes=2 * limit + 32)
+        return _searched(lambda: shortest(self.t, m, scan, limit, self._scratch, max_bytes=2 * limit + 32,
+                                          fuel=TOKEN_FUEL))
+
+
+def _searched(search) -> Optional[list[int]]:
+    """A completion search during decoding; past its budget it counts as
+    none found (completion.STEP_FUEL, TOKEN_FUEL)."""
+    try:
+        return search()
+    except OutOfFuel:
+        return None

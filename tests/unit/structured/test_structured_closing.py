@@ -146,7 +146,7 @@ def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
     _valid(schema, compiler.tok.decode(p))
     endless = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["next"],
                                                           "properties": {"next": {"$ref": "#/$defs/node"}}}}}
-    with pytest.raises(StructureError, match="no document of at most"):
+    with pytest.raises(StructureError, match="no document of at most|search budget"):  # whichever ends first
         compiler.compile(Structured("json_schema", endless, "s"), 512)
 
 
@@ -169,3 +169,25 @@ def test_tight_canvases_validate_beside_a_free_request_and_another_schema(llm):
         _valid(schema, out.text)
     alone = llm.run([llm.build(Request(prompt="Once upon a time", params=params(32, 7)))])[0]
     assert outs[-1].error is None and outs[-1].text == alone.text
+
+
+def test_a_completion_search_past_its_budget_refuses_the_schema_by_name(llm, monkeypatch):
+    """A schema whose shortest document the compile-time search cannot find within COMPILE_FUEL
+    matcher operations is refused (deterministically: a budget in work, not seconds)."""
+    from celeris.engine.structured import constraint
+
+    monkeypatch.setattr(constraint, "COMPILE_FUEL", 5)
+    fresh = Compiler(llm.tokenizer, llm.requests.family_vocab)  # verdicts are remembered per compiler
+    with pytest.raises(StructureError, match="search budget"):
+        fresh.compile(Structured("json_schema", FAR, "response_format.json_schema.schema"), 120)
+
+
+def test_per_token_searches_cut_by_their_budget_only_narrow_the_mask(compiler, monkeypatch):
+    """With TOKEN_FUEL tiny every per-token search runs out: those tokens leave the mask, and the
+    adversarial decode still closes inside the canvas and validates."""
+    from celeris.engine.structured import document
+
+    monkeypatch.setattr(document, "TOKEN_FUEL", 1)
+    for schema, n in ((FAR, 48), (BRANCH, 40), (ITEMS, 60)):
+        out, _ = _drive(compiler, schema, n, 0)
+        _valid(schema, compiler.tok.decode(out))
