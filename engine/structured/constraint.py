@@ -220,12 +220,12 @@ class Compiler:
         if least < 0:  # none found within MAX_SHORTEST bytes: its end could not be promised, so never served
             raise StructureError(f, f"no document of at most {MAX_SHORTEST} bytes was found for it; the canvas "
                                     f"(max_tokens) has {gen_length} tokens")
-        if least > gen_length:  # never served as a prefix: refused up front (a request with no length is fitted)
-            raise StructureError(f, f"its shortest document takes {least} tokens; the canvas (max_tokens) has "
-                                    f"{gen_length}")
+        if least + 1 > gen_length:  # never served as a prefix: refused up front (a request with no length is fitted)
+            raise StructureError(f, f"its shortest document takes {least} tokens and its stop token one more; the "
+                                    f"canvas (max_tokens) has {gen_length}")
         return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f,
                                                                    forced=True),),
-                      self.tok.eos_id, "document", needed=least)
+                      self.tok.eos_id, "document", needed=least + 1)  # the stop token after it
 
     def _lark(self, text: object, gen_length: int, f: str) -> Layout:
         """An engine-written lark grammar (GRAMMAR) on the whole-document path: one forced slot over
@@ -442,7 +442,7 @@ class Constraint:
             filler = self._force[pos]
         elif self._ended[i]:
             words[:] = 0
-        elif s.forced and (close := self._closers[i].closing(self._matchers[i], s.start + s.capacity - pos)) is not None:
+        elif s.forced and (close := self._closers[i].closing(self._matchers[i], self._room(s, pos))) is not None:
             words[:] = 0  # the canvas runs short: only the completion's next token, to the document's end
             filler = close[0] if close else filler
         else:
@@ -450,10 +450,17 @@ class Constraint:
             m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
             words[self._eos >> 5] &= ~np.uint32(1 << (self._eos & 31))  # ends are the filler's job
             if s.forced:  # near the end: no token after which the document could not end in time
-                self._closers[i].check(m, s.start + s.capacity - pos, words)
+                self._closers[i].check(m, self._room(s, pos), words)
             if not m.is_accepting():
                 return
         words[filler >> 5] |= np.uint32(1 << (filler & 31))
+
+    @staticmethod
+    def _room(s: SlotSpec, pos: int) -> int:
+        """Positions a whole-document slot's front at `pos` may still fill, this one included: one
+        is kept for the stop id after the document, so a document never fills the canvas to its
+        last position and ends as `length` (a tool call then reads as cut)."""
+        return s.start + s.capacity - pos - 1
 
     def allowed(self, pos: int) -> torch.Tensor:
         """(V,) bool: the tokens the slot whose front is `pos` may commit there."""

@@ -118,7 +118,7 @@ def test_every_token_the_mask_allows_leaves_a_completion_that_fits(compiler):
 
 def test_the_shortest_document_counts_tokens_not_bytes(compiler):
     """Keys spelled by multi-byte tokens: the up-front count is the fewest tokens, below the
-    bytes, and a canvas of exactly that many tokens is accepted and closes."""
+    bytes, and a canvas of exactly that many tokens and the stop token is accepted and closes."""
     schema = {"type": "object", "required": ["description", "properties", "required"], "properties": {
         "description": {"type": "integer"}, "properties": {"type": "integer"}, "required": {"type": "integer"},
         "note": {"type": "string"}}}  # an optional key: the document path
@@ -128,7 +128,7 @@ def test_the_shortest_document_counts_tokens_not_bytes(compiler):
     data = b'{"description":0,"properties":0,"required":0}'
     assert 0 < least < len(data)
     compiler.compile(Structured("json_schema", schema, "s"), least)
-    with pytest.raises(StructureError, match=rf"shortest document takes {least} tokens"):
+    with pytest.raises(StructureError, match=rf"shortest document takes {least - 1} tokens and its stop token"):
         compiler.compile(Structured("json_schema", schema, "s"), least - 1)
     out, _ = _drive(compiler, schema, least, 0)
     _valid(schema, compiler.tok.decode(out))

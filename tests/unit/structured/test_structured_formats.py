@@ -108,7 +108,7 @@ WIDE = {"type": "object", "required": ["a", "b", "c"], "additionalProperties": F
 def test_a_schema_whose_shortest_document_does_not_fit_is_refused_up_front(llm, compiler):
     least = compiler.compile(Structured("json_schema", WIDE, "s"), 512).needed
     assert 40 < least < 80
-    with pytest.raises(StructureError, match=r"shortest document takes \d+ tokens; the canvas \(max_tokens\) has"):
+    with pytest.raises(StructureError, match=r"shortest document takes \d+ tokens and its stop token one more; the canvas \(max_tokens\) has"):
         compiler.compile(Structured("json_schema", WIDE, "s"), least - 1)
     params = replace(llm.defaults, gen_length=least - 1, steps=least - 1, block_length=least - 1)
     with pytest.raises(InvalidRequest):
