@@ -74,10 +74,15 @@ def nucleus_keep(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return _keep_ranked(flat, order, p).view(B, W, V)
 
 
-def _keep_ranked(rows: torch.Tensor, order: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def _keep_ranked(
+    rows: torch.Tensor, order: torch.Tensor, p: torch.Tensor, every: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rows (N, V) whose ranking starts `order` (N, m): keep each ranked token while the mass
-    before it is <= p (N,); unranked tokens are not kept (callers rank far enough)."""
-    probs = F.softmax(rows.float(), dim=-1).gather(-1, order)  # (N, m) in rank order
+    before it is <= p (N,); unranked tokens are not kept (callers rank far enough). `every`: the
+    rows' softmax where the caller already has it."""
+    if every is None:
+        every = F.softmax(rows.float(), dim=-1)
+    probs = every.gather(-1, order)  # (N, m) in rank order
     before = probs.cumsum(-1) - probs
     keep = (before <= p[:, None]) | (p >= 1)[:, None]
     return torch.zeros(rows.shape, dtype=torch.bool, device=rows.device).scatter_(-1, order, keep)
@@ -124,6 +129,6 @@ def _nucleus_prefix(rows: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         if bool(flat.any()):  # most of the row: one stable sort
             whole = todo[flat]
             order = torch.sort(rows[whole], dim=-1, descending=True, stable=True).indices
-            keep[whole] = _keep_ranked(rows[whole], order, p[whole])
+            keep[whole] = _keep_ranked(rows[whole], order, p[whole], every[flat])
             todo, every = todo[~flat], every[~flat]
     return keep
