@@ -144,14 +144,16 @@ class Tokens:
 
 
 def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-             max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL) -> Optional[list[int]]:
+             max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL, hints: tuple[bytes, ...] = ()
+             ) -> Optional[list[int]]:
     """The fewest tokens found that take m's state to the document's end (m is left as it was),
     or None if none within `limit` tokens (or `max_bytes` bytes) is found. OutOfFuel if the
-    search takes more than `fuel` matcher operations."""
+    search takes more than `fuel` matcher operations. `hints`: string contents worth trying where
+    a string does not end greedily (examples.hints: the schema's patterns' examples)."""
     max_bytes = min(max_bytes, limit * tokens.longest)
     budget = Fuel(fuel)
     for order in (tokens.separated, tokens.inside, tokens.numeric):
-        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget)
+        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget, hints)
         if path is not None:
             best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
             return best if len(best) <= limit else None
@@ -186,12 +188,12 @@ def accepts(m: llguidance.LLMatcher, path: list[int]) -> bool:
 
 
 def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-           inside: list[int], fuel: Fuel) -> Optional[list[int]]:
+           inside: list[int], fuel: Fuel, hints: tuple[bytes, ...] = ()) -> Optional[list[int]]:
     """A short completion of m's state as single-byte tokens (m is consumed): greedily the first
     token in the scan's byte order that the grammar allows (a token repeating itself, or a run of
     digits inside a string, tried last: '57.000...' would go on forever), else the lowest allowed
     token; a string still open after STRING_GREEDY bytes is ended by `_string_end` from where it
-    began instead. None if it needs more than `limit` bytes or none is found."""
+    began instead (one of `hints` first). None if it needs more than `limit` bytes or none is found."""
     out: list[int] = []
     opened: Optional[tuple[llguidance.LLMatcher, Scan, int]] = None  # at the open string's first byte
     while not m.is_accepting():
@@ -202,7 +204,8 @@ def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scra
         elif not scan.string:
             opened = None
         if opened is not None and len(out) - opened[2] == STRING_GREEDY:
-            end = _string_end(tokens, opened[0], opened[1], scratch, fuel)
+            end = _hinted_end(tokens, opened[0], opened[1], hints, fuel) or _string_end(
+                tokens, opened[0], opened[1], scratch, fuel)
             if end is not None:  # the greedy bytes of this string are replaced by the fewest found
                 m, scan, out, opened = end[0], end[1], out[:opened[2]] + end[2], None
                 continue
@@ -233,6 +236,25 @@ def _next_byte(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, out: list[in
 def _valid(m: llguidance.LLMatcher, t: int, fuel: Fuel) -> bool:
     fuel.spend()
     return bool(m.validate_tokens([t]))
+
+
+def _hinted_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, hints: tuple[bytes, ...], fuel: Fuel
+                ) -> Optional[tuple[llguidance.LLMatcher, Scan, list[int]]]:
+    """The first hint (shortest first) that, with the closing quote, ends the string open in m's
+    state, as single-byte tokens (m is left as it was): (the matcher and scan after them, the
+    tokens), or None."""
+    for hint in hints:
+        path = [tokens.spell.get(hint[i:i + 1]) for i in range(len(hint))] + [tokens.spell.get(b'"')]
+        if None in path:
+            continue
+        fuel.spend(len(path))
+        if m.validate_tokens(path) != len(path):
+            continue
+        c, s = m.deep_copy(), scan.copy()
+        s.feed(hint + b'"')
+        if c.consume_tokens(path) and not s.string:
+            return c, s, path
+    return None
 
 
 def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np.ndarray, fuel: Fuel

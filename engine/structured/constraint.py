@@ -34,6 +34,7 @@ from celeris.engine.errors import FieldViolation, InvalidRequest
 from celeris.engine.structured.completion import COMPILE_FUEL, OutOfFuel
 from celeris.engine.structured.document import MAX_SHORTEST, Closer, Scan, Tokens, document_grammar, grammar_text, \
     locate, shortest
+from celeris.engine.structured.examples import hints as string_hints
 from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  (runners import them here)
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
@@ -93,6 +94,7 @@ class SlotSpec:
     filler: int
     path: str = ""  # the field or schema path it serves, named in its errors
     forced: bool = False  # positions the grammar forces commit in the same step (the document path)
+    hints: tuple[bytes, ...] = ()  # a forced slot's string examples for its closing (examples.hints)
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class Compiler:
         """The whole-document path (document.py): one slot over the canvas, the document's own
         grammar, ended by the stop id; bounded only by the canvas (max_tokens). Refused where
         llguidance refuses it, by the path its error points at (else where the skeleton stopped)."""
-        grammar, problem, least = self._documents(grammar_text(schema))
+        grammar, problem, least, hints = self._documents(grammar_text(schema))
         if problem:
             raise StructureError(locate(schema, problem, f) or getattr(why, "path", f), problem)
         if least < 0:  # none found within MAX_SHORTEST bytes: its end could not be promised, so never served
@@ -224,7 +226,7 @@ class Compiler:
             raise StructureError(f, f"its shortest document takes {least} tokens and its stop token one more; the "
                                     f"canvas (max_tokens) has {gen_length}")
         return Layout((self.tok.mask_id,) * gen_length, (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f,
-                                                                   forced=True),),
+                                                                   forced=True, hints=hints),),
                       self.tok.eos_id, "document", needed=least + 1)  # the stop token after it
 
     def _lark(self, text: object, gen_length: int, f: str) -> Layout:
@@ -244,25 +246,26 @@ class Compiler:
         problem = self._verdict(grammar, "")
         return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
 
-    def _document_check(self, text: str) -> tuple[str, str, int]:
+    def _document_check(self, text: str) -> tuple[str, str, int, tuple[bytes, ...]]:
         """(grammar, why it cannot be served or "", the fewest tokens its shortest document takes
-        as the closing writes it, completion.shortest; -1 if none is found) of a schema's JSON text
-        (remembered)."""
+        as the closing writes it, completion.shortest; -1 if none is found; the string examples
+        its closing tries, examples.hints) of a schema's JSON text (remembered)."""
         try:
-            grammar = document_grammar(json.loads(text))
+            schema = json.loads(text)
+            grammar = document_grammar(schema)
         except ValueError as e:
-            return "", f"the constraint library refuses it: {str(e)[:200]}", 0
+            return "", f"the constraint library refuses it: {str(e)[:200]}", 0, ()
         problem = self._verdict(grammar, "")
         if problem:
-            return grammar, problem, 0
-        m = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS)
+            return grammar, problem, 0, ()
+        m, hints = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS), string_hints(schema)
         try:
             path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32),
-                            fuel=COMPILE_FUEL)
+                            fuel=COMPILE_FUEL, hints=hints)
         except OutOfFuel:
             return grammar, (f"its shortest document was not found within the search budget ({COMPILE_FUEL:,} "
-                             "grammar steps)"), 0
-        return grammar, "", -1 if path is None else len(path)  # -1: none found (refused)
+                             "grammar steps)"), 0, ()
+        return grammar, "", -1 if path is None else len(path), hints  # -1: none found (refused)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:
         """llguidance's grammar of a regex (intersected with `within`, a lexeme-level `&`),
@@ -338,7 +341,7 @@ class Constraint:
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
         self._force: dict[int, int] = {}  # position -> the token the grammar forces there (forced slots)
         # The forced slots' closing (document.Closer): a document ends before the canvas does.
-        self._closers = {i: Closer(compiler.tokens, self.words) for i, s in enumerate(layout.slots) if s.forced}
+        self._closers = {i: Closer(compiler.tokens, self.words, s.hints) for i, s in enumerate(layout.slots) if s.forced}
         # Typed decisions (engine/sampling/choice.py): whether this request asked for its options'
         # probabilities (a choice with logprobs; engine/requests.py sets it), and whether they are taken.
         self.score_choices = False

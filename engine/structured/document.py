@@ -110,8 +110,8 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
     an anyOf branch), all of them are, as near the end. When the completion plus CLOSE_MARGIN
     reaches the room left, only its next token is allowed."""
 
-    def __init__(self, tokens: Tokens, words: int):
-        self.t = tokens
+    def __init__(self, tokens: Tokens, words: int, hints: tuple[bytes, ...] = ()):
+        self.t, self.hints = tokens, hints  # hints: examples.hints of the schema (strings worth trying)
         self.scan = Scan()
         self.path: Optional[list[int]] = None  # the completion of the matcher's current state, if known
         self._after: dict[int, list[int]] = {}  # the completion after each token the last check kept
@@ -139,7 +139,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
             self.path = None
         self._unsure = False
         if self.path is None:
-            self.path = _searched(lambda: shortest(self.t, matcher, self.scan, limit, self._scratch))
+            self.path = _searched(lambda: shortest(self.t, matcher, self.scan, limit, self._scratch, hints=self.hints))
             if self.path is None:
                 return None
         return self.path if len(self.path) <= limit else None
@@ -224,7 +224,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
         scan = self.scan.copy()
         scan.feed(tb)
         return _searched(lambda: shortest(self.t, m, scan, limit, self._scratch, max_bytes=2 * limit + 32,
-                                          fuel=TOKEN_FUEL))
+                                          fuel=TOKEN_FUEL, hints=self.hints))
 
 
 def _searched(search) -> Optional[list[int]]:

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.completion import Scan, shortest
@@ -42,16 +41,6 @@ ITEMS = {"type": "object", "required": ["xs"], "properties": {
                                       "properties": {"when": _STAMP, "until": _STAMP}}}}}
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM.load(EMBEDDED_MODELS["celeris-tiny"])
-
-
-@pytest.fixture(scope="module")
-def compiler(llm) -> Compiler:
-    return Compiler(llm.tokenizer, llm.requests.family_vocab)
-
-
 def _valid(schema: dict, text: str) -> None:
     cls = jsonschema.validators.validator_for(schema)
     cls(schema, format_checker=cls.FORMAT_CHECKER).validate(json.loads(text))
@@ -64,7 +53,7 @@ def _drive(compiler: Compiler, schema: dict, n: int, seed: int) -> tuple[list[in
     allowed token was checked against a fresh search)."""
     rng = random.Random(seed)
     c = Constraint(compiler.compile(Structured("json_schema", schema, "s"), n), compiler)
-    eos, toks, byts = compiler.tok.eos_id, compiler.tokens, compiler.tokens.bytes
+    eos, byts = compiler.tok.eos_id, compiler.tokens.bytes
     out: list[int] = []
     for p in range(n):
         _, words = c.window([p])

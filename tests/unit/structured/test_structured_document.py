@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.llm import LLM
 from celeris.engine.requests import Request
 from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.structured.constraint import Structured
@@ -37,11 +37,6 @@ ANNOTATED = {"$id": "https://example.com/t.json", "title": "T", "description": "
 DOCUMENTS = {"ref": NODE, "optional": OPTIONAL, "rows": ROWS, "anyOf": ANY_OF, "types": TYPE_LIST,
              "annotated": ANNOTATED}
 SKELETON = {"type": "object", "properties": {"a": {"type": "boolean"}, "s": {"type": "string", "maxLength": 4}}}
-
-
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM.load(EMBEDDED_MODELS["celeris-tiny"])
 
 
 def _params(llm: LLM, seed: int, n: int = 64):

@@ -16,21 +16,10 @@ import llguidance
 import pytest
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Compiler, Structured, StructureError
 from celeris.engine.structured.formats import exact_formats
-
-
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM.load(EMBEDDED_MODELS["celeris-tiny"])
-
-
-@pytest.fixture(scope="module")
-def compiler(llm) -> Compiler:
-    return Compiler(llm.tokenizer, llm.requests.family_vocab)
 
 
 def _accepts(compiler: Compiler, schema: dict, value: object) -> bool:

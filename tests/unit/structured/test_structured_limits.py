@@ -15,18 +15,13 @@ import jsonschema
 import pytest
 
 from celeris.engine.errors import InvalidRequest, Overloaded
-from celeris.engine.llm import EMBEDDED_MODELS, LLM
+from celeris.engine.llm import LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured import constraint
 from celeris.engine.structured.constraint import MAX_SCHEMA_NESTING, Structured
 
 EMPTY_REGEXES = [r"[^\s\S]", r"[^\x00-\x7f]{1,5}"]
 EMPTY_PATTERNS = ['"', "\\\\", "^[À-ÿ]{1,20}$", '^"{1,3}$']
-
-
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM.load(EMBEDDED_MODELS["celeris-tiny"])
 
 
 def _params(llm: LLM, n: int = 64):

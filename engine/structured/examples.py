@@ -1,0 +1,174 @@
+"""Short strings a schema's `pattern`s match: hints for ending a string (completion.py).
+
+The completion search ends an open string breadth first over the grammar's states, letting one
+letter of each case and one digit stand for the rest; a pattern that needs particular bytes
+(`\\.png$`, `1.2`, `^(wifi|ethernet)$`) is never ended that way. Each pattern in the schema is
+read here (Python's regex parser: JSON Schema's ECMA-262 patterns are, for what matters here,
+its syntax) into the shortest string it matches, lengthened through its repeats (or, where it is
+not anchored, padded) to the `minLength` beside it. They are only hints: the search tries each
+from where the string began and keeps it only if the grammar's matcher takes its bytes and the
+closing quote, so a wrong guess (a lookahead, a flag) costs one try, never a wrong document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Iterator, Optional
+
+try:  # Python 3.11+: the regex parser's modules (private, stable since 2.x under sre_* names)
+    import re._constants as C  # noqa: N812 (the parser's opcode names)
+    import re._parser as sre
+except ImportError:  # pragma: no cover (3.10)
+    import sre_constants as C  # noqa: N812
+    import sre_parse as sre
+
+MAX_PATTERNS = 64  # patterns read per schema (the first ones met)
+MAX_EXAMPLE = 256  # characters: a longer example is no hint
+_PICK = "a0A_-. "  # the first of these a negated class allows stands for it
+_CATEGORY = {C.CATEGORY_DIGIT: "0", C.CATEGORY_NOT_DIGIT: "a", C.CATEGORY_WORD: "a", C.CATEGORY_NOT_WORD: "-",
+             C.CATEGORY_SPACE: " ", C.CATEGORY_NOT_SPACE: "a"}
+
+
+_ATOMIC = getattr(C, "ATOMIC_GROUP", None)  # (?>...), 3.11+
+_REPEATS = tuple(getattr(C, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(C, name))
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def hints(schema: object) -> tuple[bytes, ...]:
+    """The JSON string contents (UTF-8, escaped as JSON writes them, without quotes) of a short
+    example of each `pattern` in the schema, shortest first, each once."""
+    out: dict[bytes, None] = {}
+    for node in _patterns(schema):
+        text = example(node["pattern"], _int(node.get("minLength"), 0), _int(node.get("maxLength"), MAX_EXAMPLE))
+        if text is not None:
+            out.setdefault(json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
+    return tuple(sorted(out, key=len))
+
+
+def example(pattern: str, min_len: int = 0, max_len: int = MAX_EXAMPLE) -> Optional[str]:
+    """A short string `pattern` matches (searched, as JSON Schema's patterns are) of min_len to
+    max_len characters, or None where this reader cannot tell one."""
+    try:
+        parsed = sre.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
+    try:
+        text = _Writer().write(parsed, need=0)
+        if len(text) < min_len:  # lengthen through the repeats, then pad where the pattern is not anchored
+            text = _Writer().write(parsed, need=min_len - len(text))
+        if len(text) < min_len:
+            ops = [op for op, _ in parsed]
+            end_anchored = bool(ops) and ops[-1] is C.AT
+            start_anchored = bool(ops) and ops[0] is C.AT
+            if not end_anchored:
+                text += "a" * (min_len - len(text))
+            elif not start_anchored:
+                text = "a" * (min_len - len(text)) + text
+    except (_Unsupported, RecursionError):
+        return None
+    return text if min_len <= len(text) <= min(max_len, MAX_EXAMPLE) else None
+
+
+class _Writer:
+    """The shortest string of a parsed pattern; `need` extra characters go into the first repeats
+    with room for them."""
+
+    def __init__(self):
+        self.groups: dict[int, str] = {}
+
+    def write(self, parsed, need: int) -> str:
+        self.need = need
+        return self._seq(parsed)
+
+    def _seq(self, items) -> str:
+        return "".join(self._one(op, av) for op, av in items)
+
+    def _one(self, op, av) -> str:
+        if op is C.LITERAL:
+            return chr(av)
+        if op is C.NOT_LITERAL:
+            return "a" if av != ord("a") else "b"
+        if op is C.ANY:
+            return "a"
+        if op is C.IN:
+            return _member(av)
+        if op in (C.AT, C.ASSERT, C.ASSERT_NOT):
+            return ""  # anchors and lookarounds: the matcher decides
+        if op is C.BRANCH:
+            return min((self._seq(alt) for alt in av[1]), key=len)
+        if op is C.SUBPATTERN:
+            group, _, _, body = av
+            text = self._seq(body)
+            if group is not None:
+                self.groups[group] = text
+            return text
+        if op is _ATOMIC:
+            return self._seq(av)
+        if op in _REPEATS:
+            lo, hi, body = av
+            unit = self._seq(body)
+            count = lo
+            if self.need > 0 and unit and hi > lo:
+                more = min(hi - lo, -(-self.need // len(unit)))
+                count, self.need = lo + more, self.need - more * len(unit)
+            if count * len(unit) > MAX_EXAMPLE:
+                raise _Unsupported
+            return unit * count
+        if op is C.GROUPREF:
+            return self.groups.get(av, "")
+        raise _Unsupported(op)
+
+
+def _member(items) -> str:
+    """A character of a class ([...], \\d, \\w): its first member, or for a negated class the
+    first of _PICK it leaves out."""
+    if items and items[0][0] is C.NEGATE:
+        pick = next((ch for ch in _PICK if not _in(ord(ch), items[1:])), None)
+        if pick is None:
+            raise _Unsupported("negated class")
+        return pick
+    for op, av in items:
+        if op is C.LITERAL:
+            return chr(av)
+        if op is C.RANGE:
+            return chr(av[0])
+        if op is C.CATEGORY and av in _CATEGORY:
+            return _CATEGORY[av]
+    raise _Unsupported("class")
+
+
+def _in(code: int, items) -> bool:
+    """Whether a character is in a class's (not negated) items."""
+    for op, av in items:
+        if op is C.LITERAL and av == code or op is C.RANGE and av[0] <= code <= av[1]:
+            return True
+        if op is C.CATEGORY:
+            ch = chr(code)
+            hit = {C.CATEGORY_DIGIT: ch.isdigit(), C.CATEGORY_NOT_DIGIT: not ch.isdigit(),
+                   C.CATEGORY_WORD: ch.isalnum() or ch == "_", C.CATEGORY_NOT_WORD: not (ch.isalnum() or ch == "_"),
+                   C.CATEGORY_SPACE: ch.isspace(), C.CATEGORY_NOT_SPACE: not ch.isspace()}.get(av, True)
+            if hit:
+                return True
+    return False
+
+
+def _patterns(schema: object) -> Iterator[dict]:
+    """The dicts holding a string `pattern` (at most MAX_PATTERNS), without recursion."""
+    stack, found = [schema], 0
+    while stack and found < MAX_PATTERNS:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if isinstance(v.get("pattern"), str):
+                found += 1
+                yield v
+            stack += [x for x in v.values() if isinstance(x, (dict, list))]
+        elif isinstance(v, list):
+            stack += [x for x in v if isinstance(x, (dict, list))]
+
+
+def _int(v: object, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
