@@ -43,43 +43,38 @@ SMOKE="${CELERIS_GPU_CHECK_SMOKE:-}"
 PHASES=",${CELERIS_GPU_CHECK_PHASES:-tests,bench,gemma,fp8},"
 want() { [[ "$PHASES" == *",$1,"* ]]; }
 
+# phase NAME SECONDS CMD...: run CMD under its timeout if NAME is wanted; its output in
+# $WORK/NAME.txt, its exit status in $WORK/NAME.rc (124: the timeout), its tail printed.
+phase() {
+  local name="$1" seconds="$2"
+  shift 2
+  want "$name" || return 0
+  timeout "$seconds" "$@" >"$WORK/$name.txt" 2>&1
+  echo $? >"$WORK/$name.rc"
+  tail -5 "$WORK/$name.txt"
+}
+
 # Phase 1: tests/gpu (skipped without CUDA), 180 s.
 TESTS=(tests/gpu)
 [ -n "$SMOKE" ] && TESTS=(tests/gpu/test_graph_modes.py tests/gpu/test_revise_cuda.py)
-if want tests; then
-  timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}" \
-    >"$WORK/tests.txt" 2>&1
-  echo $? >"$WORK/tests.rc"
-  tail -5 "$WORK/tests.txt"
-fi
+phase tests 180 python3 -m pytest -q -p no:cacheprovider -o addopts="" --junitxml="$WORK/tests.xml" "${TESTS[@]}"
 
 # Phase 2: the benchmark, 270 s (step rows stop starting after 160 s; the served phase follows).
 BENCH_ARGS=(--json "$WORK/bench.json" --budget-s 160)
 [ -n "$SMOKE" ] && BENCH_ARGS=(--smoke --json "$WORK/bench.json")
-if want bench; then
-  timeout 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}" >"$WORK/bench.txt" 2>&1
-  echo $? >"$WORK/bench.rc"
-  tail -3 "$WORK/bench.txt"
-fi
+phase bench 270 python3 scripts/bench_gpu.py "${BENCH_ARGS[@]}"
 
 # Phase 3: DiffusionGemma, 240 s (decode rows stop starting after 150 s).
 GEMMA_ARGS=(--json "$WORK/gemma.json" --budget-s 150)
 [ -n "$SMOKE" ] && GEMMA_ARGS=(--smoke --json "$WORK/gemma.json")
-if want gemma; then
-  timeout 240 python3 scripts/bench_gemma.py "${GEMMA_ARGS[@]}" >"$WORK/gemma.txt" 2>&1
-  echo $? >"$WORK/gemma.rc"
-  tail -3 "$WORK/gemma.txt"
-fi
+phase gemma 240 python3 scripts/bench_gemma.py "${GEMMA_ARGS[@]}"
 
-# FP8 weights (issue 46), 120 s: fp8 vs bf16 step speed at batch 1 and 32 (LLaDA-8B shapes, random
-# weights), then logit and greedy-token agreement on random tiny and mid shapes (scripts/fp8_quality.py).
+# Phase 4: FP8 weights (issue 46), 120 s: fp8 vs bf16 step speed at batch 1 and 32 (LLaDA-8B shapes,
+# random weights), then logit and greedy-token agreement on random tiny and mid shapes
+# (scripts/fp8_quality.py).
 FP8_ARGS=(--json "$WORK/fp8.json")
 [ -n "$SMOKE" ] && FP8_ARGS=(--smoke --json "$WORK/fp8.json")
-if want fp8; then
-  timeout 120 python3 scripts/fp8_quality.py "${FP8_ARGS[@]}" >"$WORK/fp8.txt" 2>&1
-  echo $? >"$WORK/fp8.rc"
-  tail -3 "$WORK/fp8.txt"
-fi
+phase fp8 120 python3 scripts/fp8_quality.py "${FP8_ARGS[@]}"
 
 # One results file.
 python3 - "$WORK" "$OUT_DIR/gpu-check.json" "$START" "$PHASES" <<'PY'
