@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Iterator, Optional
 
 try:  # Python 3.11+: the regex parser's modules (private, stable since 2.x under sre_* names)
@@ -53,7 +54,9 @@ def example(pattern: str, min_len: int = 0, max_len: int = MAX_EXAMPLE) -> Optio
     """A short string `pattern` matches (searched, as JSON Schema's patterns are) of min_len to
     max_len characters, or None where this reader cannot tell one."""
     try:
-        parsed = sre.parse(pattern)
+        with warnings.catch_warnings():  # Python's FutureWarnings about its own future syntax ('[[')
+            warnings.simplefilter("ignore")
+            parsed = sre.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError):
         return None
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import replace
 
 import jsonschema
@@ -52,6 +53,9 @@ def test_lengths_come_from_repeats_then_padding_where_unanchored_and_are_bounded
     assert example(f"^a{{{MAX_EXAMPLE + 1}}}$") is None  # no hint that long
     for broken in ("(", "[z-a]", "a{2,1}"):  # a pattern this reader cannot use is no hint, not an error
         assert example(broken) is None
+    with warnings.catch_warnings():  # nor a warning: Python's FutureWarning about '[[' is not the client's
+        warnings.simplefilter("error")
+        assert example("^[[a-z]_]+$") == "[_]"
 
 
 def test_hints_are_json_string_contents_shortest_first_each_once():
