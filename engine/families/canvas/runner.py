@@ -242,15 +242,37 @@ class Runner(ConfigCosts):
             # batch) they repeat its last block column, so the cached suffix stays as stored.
             last = (v.start + geo[BLOCK_LEN] - 1) if mode.startswith("cached-dual") else None
             return self._cached_logits(v, geo[IDX], b.fresh, b.W, mode.endswith("-lead"), last)
+        live = self._live_columns(v)
+        out_index = v.out_index if live is None else v.out_index.gather(1, live)
         if mode == "store":
-            logits, kvs = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=v.out_index,
+            logits, kvs = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=out_index,
                                      return_kv=True)
             self._cache_store().write(geo[IDX], kvs)
+        else:
+            logits = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=out_index)
+            if mode == "cfg":  # scale (B,): each row's guidance, 0 for padding rows
+                logits = self._guided(logits, v._replace(out_index=out_index), geo, scale)
+        if live is None:
             return logits
-        logits = self.model(v.ids, key_mask=v.valid, positions=v.positions, out_index=v.out_index)
-        if mode == "cfg":  # scale (B,): each row's guidance, 0 for padding rows
-            logits = self._guided(logits, v, geo, scale)
-        return logits
+        full = logits.new_zeros((b.B, b.W, logits.shape[-1]))  # columns the selection never reads stay 0
+        return full.scatter_(1, live[..., None].expand(-1, -1, logits.shape[-1]), logits)
+
+    def _live_columns(self, v: View) -> Optional[torch.Tensor]:
+        """CPU: the window columns (B, K) the head need run on, or None for all W. A step reads
+        logits only where a mask is still left in the row's block (committed and skeleton tokens
+        stay as they are), and one token a step leaves the block's masks a little fewer each
+        step: with one block of 128, half the window on average. Each row's still-masked
+        columns come first, in order, then its others up to K, the most any row needs, rounded up
+        to ROW_ALIGN (so a row's logits round as in the full window's GEMM: identical bits).
+        On a GPU the window keeps its bucket's fixed shape (CUDA graphs)."""
+        if self.device.type != "cpu" or self.static:
+            return None
+        W = v.out_index.shape[1]
+        live = v.in_block & (torch.gather(v.ids, 1, v.out_index) == self.mask_id)  # (B, W)
+        K = _row_aligned(max(int(live.sum(1).max()), 1))
+        if K >= W:
+            return None
+        return torch.sort((~live).to(torch.uint8), dim=1, stable=True).indices[:, :K]
 
     def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
                 spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> Callable[[], list[RowResult]]:

@@ -92,11 +92,13 @@ def _record_logits(llm: LLM, seen: dict[str, list[torch.Tensor]]) -> None:
         if block:
             rows, logits = args[0], args[1]
             widths = [s.block_window[1] - s.block_window[0] for s in rows]  # a joining prefill row: its first block
-        else:
-            rows, logits = args[6], args[3]
+        else:  # the columns a step reads: still masked (on the CPU the head runs on those only, so the
+            # others hold what the batch's widest row needed computed, or 0: canvas/runner._live_columns)
+            rows, logits, v = args[6], args[3], args[2]
             widths = [s.params.block_length for s in rows]
+            masked = torch.gather(v.ids, 1, v.out_index) == llm.runner.mask_id
         for r, (s, w) in enumerate(zip(rows, widths)):
-            seen.setdefault(s.request_id, []).append(logits[r, :w].clone())
+            seen.setdefault(s.request_id, []).append(logits[r, :w].clone() if block else logits[r, :w][masked[r, :w]])
         return select(*args)
 
     llm.runner._select = spy
