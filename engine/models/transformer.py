@@ -82,21 +82,30 @@ class Block(nn.Module):
             self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)  # down
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask,
-                cache=None, layer: int = 0) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+                cache=None, layer: int = 0, rows: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, L, D) -> (B, L, D), or (B, K, D) at the columns `rows` (B, K) only: the keys and
+        values are every column's, the queries and the MLP only those rows' (a last layer whose
+        other columns no one reads; attn_mask then holds K queries a row)."""
         B, L, _ = x.shape
         h = self.attn_norm(x)
-        q = self.q_proj(h).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        hq, cq, sq = h, cos, sin
+        if rows is not None:
+            x, hq = _rows(x, rows), _rows(h, rows)
+            cq, sq = _rows(cos[:, 0], rows)[:, None], _rows(sin[:, 0], rows)[:, None]
+        Lq = hq.shape[1]
+        q = self.q_proj(hq).view(B, Lq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dh)
         k = self.k_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hk, L, Dh)
         v = self.v_proj(h).view(B, L, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
+        q, k = apply_rope(q, cq, sq, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
         new_kv = (k, v)
         if cache is not None:  # fresh keys/values join the cached ones at their columns
             k, v = cache.attach(layer, k, v)
         # No causal mask: every position sees every (non-padding) position.
-        a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, L, Dh)
-        x = x + self._reduce(self.attn_out(a.transpose(1, 2).reshape(B, L, -1)))
+        a = attend(q, k, v, attn_mask, self.n_heads != self.n_kv_heads)  # (B, H, Lq, Dh)
+        x = x + self._reduce(self.attn_out(a.transpose(1, 2).reshape(B, Lq, -1)))
         h = self.ff_norm(x)
         if hasattr(self, "mlp"):  # a sharded MoE combines its ranks' parts itself
             return x + self.mlp(h), new_kv
@@ -106,6 +115,11 @@ class Block(nn.Module):
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel projection's output: each rank holds a partial sum; one all-reduce."""
         return partial if self.tp is None else self.tp.all_reduce(partial)
+
+
+def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t (B, L, D) at the columns rows (B, K) -> (B, K, D)."""
+    return torch.gather(t, 1, rows[..., None].expand(-1, -1, t.shape[-1]))
 
 
 class Transformer(nn.Module):
@@ -190,14 +204,27 @@ class MaskPredictor(nn.Module):
         x = wte(ids) if self.tp is None else self.tp.embed(wte, ids)  # (B, L, D)
         if self.cfg.input_emb_norm:  # LLaDA's option: scale embeddings by sqrt(d_model)
             x = x * (self.cfg.d_model ** 0.5)
+        # On the CPU a plain forward's last layer runs its queries and MLP only at the columns
+        # read (`Block.forward`'s rows): the same bits there (row counts stay multiples of
+        # ROW_ALIGN; each query row's attention is its own), a fraction of the layer's work.
+        last_rows = None
+        if out_index is not None and cpu and cache is None and spans is None:
+            last_rows = (out_index - 1).clamp_min(0) if self.cfg.logit_shift else out_index  # Dream: p from p-1
         kvs = []
+        n = len(self.transformer.blocks)
         for i, block in enumerate(self.transformer.blocks):
-            x, kv = block(x, cos, sin, attn_mask, cache, i)
+            if i == n - 1 and last_rows is not None:
+                mask = attn_mask if not isinstance(attn_mask, list) else [
+                    RowSpan(0, last_rows.shape[1], s.k0, s.k1) for s in attn_mask]
+                x, kv = block(x, cos, sin, mask, cache, i, rows=last_rows)
+            else:
+                x, kv = block(x, cos, sin, attn_mask, cache, i)
             kvs.append(kv)
-        if self.cfg.logit_shift:  # position p is predicted from hidden state p-1
-            x = torch.cat([x[:, :1], x[:, :-1]], dim=1)
-        if out_index is not None:
-            x = torch.gather(x, 1, out_index[..., None].expand(-1, -1, x.shape[-1]))  # (B, W, D)
+        if last_rows is None:
+            if self.cfg.logit_shift:  # position p is predicted from hidden state p-1
+                x = torch.cat([x[:, :1], x[:, :-1]], dim=1)
+            if out_index is not None:
+                x = torch.gather(x, 1, out_index[..., None].expand(-1, -1, x.shape[-1]))  # (B, W, D)
         if head_rows is not None:
             x = x[:head_rows]
         logits = self.head(x) if head and x.shape[0] else None
