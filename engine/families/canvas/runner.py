@@ -258,7 +258,8 @@ class Runner(ConfigCosts):
         return full.scatter_(1, live[..., None].expand(-1, -1, logits.shape[-1]), logits)
 
     def _live_columns(self, v: View) -> Optional[torch.Tensor]:
-        """CPU: the window columns (B, K) the head need run on, or None for all W. A step reads
+        """CPU: the window columns (B, K) the head (and the last layer's queries and MLP,
+        MaskPredictor.forward) need run on, or None for all W. A step reads
         logits only where a mask is still left in the row's block (committed and skeleton tokens
         stay as they are), and one token a step leaves the block's masks a little fewer each
         step: with one block of 128, half the window on average. Each row's still-masked
