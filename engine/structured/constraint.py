@@ -418,6 +418,7 @@ class Constraint:
             if not s.forced or self._ended[i] or p in self._force or not lo <= p < hi:
                 continue
             ff = self._matchers[i].compute_ff_tokens()[:max(0, min(hi, s.start + s.capacity - 1) - p)]
+            ff = self._closers[i].spelled(ff) if ff else ff  # the completion's spelling: what fits counts it
             ff = ff[:self._matchers[i].try_consume_tokens(ff)] if ff else ff
             if not ff:
                 continue

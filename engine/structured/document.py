@@ -132,6 +132,21 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
                 self.path, self._unsure = (self.path, True) if text and self.path is not None else (None, False)
             self._after = {}
 
+    def spelled(self, ff: list[int]) -> list[int]:
+        """The forced tokens `ff` (llguidance's fast-forward) as the completion spells their bytes,
+        where its whole tokens do: the invariant counts the completion's tokens, and llguidance's
+        own spelling of a forced key can take more of them (a vocabulary with short tokens its
+        tokenizer never produces), which would leave the rest of the completion no room. Else (no
+        completion known, or one that spells them alike or not along the same bytes) ff as it is."""
+        path = self.path
+        if not path or path[:len(ff)] == ff:
+            return ff
+        data = b"".join(self.t.bytes[t] for t in ff)
+        got, k = b"", 0
+        while k < len(path) and len(got) + len(self.t.bytes[path[k]]) <= len(data):
+            got, k = got + self.t.bytes[path[k]], k + 1
+        return path[:k] if k and data.startswith(got) else ff
+
     def completion(self, matcher: llguidance.LLMatcher, limit: int) -> Optional[list[int]]:
         """The completion of the matcher's state (remembered until a token leaves it), or None if
         it needs more than `limit` tokens."""

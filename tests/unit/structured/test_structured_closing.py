@@ -20,7 +20,7 @@ import pytest
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.requests import Request
-from celeris.engine.structured.completion import Scan, shortest
+from celeris.engine.structured.completion import Scan, segment, shortest
 from celeris.engine.structured.constraint import Compiler, Constraint, Structured, StructureError
 
 _STAMP = {"type": "string", "format": "date-time"}
@@ -180,3 +180,24 @@ def test_per_token_searches_cut_by_their_budget_only_narrow_the_mask(compiler, m
     for schema, n in ((FAR, 48), (BRANCH, 40), (ITEMS, 60)):
         out, _ = _drive(compiler, schema, n, 0)
         _valid(schema, compiler.tok.decode(out))
+
+
+def test_forced_tokens_take_the_completions_spelling_where_it_is_shorter(compiler):
+    """llguidance's fast-forward tokens for a forced key may spell it in more tokens than the
+    completion the invariant counted (seen with llada-vocab: `no`,`d`,`e`,`M`,`a`,`ps` where the
+    completion had three), which left the rest of the completion no room: the forced bytes are
+    committed as the completion spells them instead, where its whole tokens cover them."""
+    from celeris.engine.structured.document import Closer
+
+    toks = compiler.tokens
+    one = {b: toks.spell[bytes([b])] for b in b'"nodeMaps:[]}'}
+    ff = [one[b] for b in b'"nodeMaps"']  # ten single-byte tokens
+    closer = Closer(toks, (compiler.vocab_size + 31) // 32)
+    head = segment(toks, None, b'"nodeMaps"')
+    assert len(head) < len(ff)
+    closer.path = head + segment(toks, None, b":[]}")
+    assert closer.spelled(ff) == head  # the same bytes, the completion's fewer tokens
+    closer.path = None  # no completion known: llguidance's own tokens
+    assert closer.spelled(ff) == ff
+    closer.path = ff + [one[ord(":")]]  # the completion spells them alike
+    assert closer.spelled(ff) == ff
