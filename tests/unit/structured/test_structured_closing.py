@@ -8,20 +8,18 @@ mask allows them; the engine decodes them beside a free request and another sche
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import replace
 
-import jsonschema
 import llguidance
 import numpy as np
 import pytest
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.loop.sequence import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.completion import Scan, segment, shortest
 from celeris.engine.structured.constraint import Compiler, Constraint, Structured, StructureError
+from tests.unit.structured.decoding import decode_beside_free, valid
 
 _STAMP = {"type": "string", "format": "date-time"}
 # `{"n":0}` is the shortest document; opening "big" early needs ~12 date-times more.
@@ -39,11 +37,6 @@ BRANCH = {"type": "object", "required": ["kind"], "properties": {"kind": {"type"
 ITEMS = {"type": "object", "required": ["xs"], "properties": {
     "xs": {"type": "array", "items": {"type": "object", "required": ["when", "until"],
                                       "properties": {"when": _STAMP, "until": _STAMP}}}}}
-
-
-def _valid(schema: dict, text: str) -> None:
-    cls = jsonschema.validators.validator_for(schema)
-    cls(schema, format_checker=cls.FORMAT_CHECKER).validate(json.loads(text))
 
 
 def _drive(compiler: Compiler, schema: dict, n: int, seed: int) -> tuple[list[int], int]:
@@ -76,7 +69,7 @@ def test_an_adversarial_decode_always_closes_inside_the_canvas(compiler, schema,
     for seed in range(3):
         out, _ = _drive(compiler, schema, n, seed)
         assert len(out) < n or compiler.tokens.eos not in out
-        _valid(schema, compiler.tok.decode(out))
+        valid(schema, compiler.tok.decode(out))
 
 
 def test_every_token_the_mask_allows_leaves_a_completion_that_fits(compiler):
@@ -120,7 +113,7 @@ def test_the_shortest_document_counts_tokens_not_bytes(compiler):
     with pytest.raises(StructureError, match=rf"shortest document takes {least - 1} tokens and its stop token"):
         compiler.compile(Structured("json_schema", schema, "s"), least - 1)
     out, _ = _drive(compiler, schema, least, 0)
-    _valid(schema, compiler.tok.decode(out))
+    valid(schema, compiler.tok.decode(out))
 
 
 def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
@@ -132,7 +125,7 @@ def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
     assert layout.path == "document" and 0 < layout.needed < 30
     p = shortest(compiler.tokens, llguidance.LLMatcher(compiler.ll, layout.slots[0].grammar), Scan(), 4096,
                  np.zeros((compiler.vocab_size + 31) // 32, np.uint32))
-    _valid(schema, compiler.tok.decode(p))
+    valid(schema, compiler.tok.decode(p))
     endless = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["next"],
                                                           "properties": {"next": {"$ref": "#/$defs/node"}}}}}
     with pytest.raises(StructureError, match="no document of at most|search budget"):  # whichever ends first
@@ -142,22 +135,11 @@ def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
 def test_tight_canvases_validate_beside_a_free_request_and_another_schema(llm):
     """Through the engine: the far-from-end schemas at tight max_tokens, in one batch with a free
     request and a different schema; a refused request fails alone, and every document validates."""
-    def params(n, seed):
-        return replace(llm.defaults, gen_length=n, steps=n, block_length=n, temperature=1.0, seed=seed)
-
     other = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}
-    jobs = [(FAR, 64), (BRANCH, 48), (ITEMS, 64), (FAR, 96), (BRANCH, 96), (other, 32)]
-    seqs = [llm.build(Request(prompt="JSON:", params=params(n, s),
-                              structured=Structured("json_schema", schema, "s"))) for s, (schema, n) in enumerate(jobs)]
-    free = llm.build(Request(prompt="Once upon a time", params=params(32, 7)))
+    tiny = replace(llm.defaults, gen_length=2, steps=2, block_length=2, temperature=1.0, seed=0)
     with pytest.raises(InvalidRequest, match="shortest document"):  # refused up front, alone
-        llm.build(Request(prompt="JSON:", params=params(2, 0), structured=Structured("json_schema", ITEMS, "s")))
-    outs = llm.run(seqs + [free])
-    for (schema, _), out in zip(jobs, outs):
-        assert out.error is None and out.finish_reason == FinishReason.STOP, out.text
-        _valid(schema, out.text)
-    alone = llm.run([llm.build(Request(prompt="Once upon a time", params=params(32, 7)))])[0]
-    assert outs[-1].error is None and outs[-1].text == alone.text
+        llm.build(Request(prompt="JSON:", params=tiny, structured=Structured("json_schema", ITEMS, "s")))
+    decode_beside_free(llm, [(FAR, 64), (BRANCH, 48), (ITEMS, 64), (FAR, 96), (BRANCH, 96), (other, 32)])
 
 
 def test_a_completion_search_past_its_budget_refuses_the_schema_by_name(llm, monkeypatch):
@@ -179,7 +161,7 @@ def test_per_token_searches_cut_by_their_budget_only_narrow_the_mask(compiler, m
     monkeypatch.setattr(document, "TOKEN_FUEL", 1)
     for schema, n in ((FAR, 48), (BRANCH, 40), (ITEMS, 60)):
         out, _ = _drive(compiler, schema, n, 0)
-        _valid(schema, compiler.tok.decode(out))
+        valid(schema, compiler.tok.decode(out))
 
 
 def test_forced_tokens_take_the_completions_spelling_where_it_is_shorter(compiler):

@@ -7,18 +7,14 @@ real ones of that kind (an icon file name, a schema version, a link type)."""
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
-from dataclasses import replace
 
-import jsonschema
 import pytest
 
-from celeris.engine.loop.sequence import FinishReason
-from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
 from celeris.engine.structured.examples import MAX_EXAMPLE, example, hints
+from tests.unit.structured.decoding import decode_beside_free
 
 PATTERNS = [r"\.png$", "1.2", r"^(wifi|ethernet)$", r"^[0-9]{1,20}$", r"^\d{3}-\d{4}$", r"^[^@\s]+@[^@\s]+$",
             r"(ab)\1", r"^(?!foo)[a-z]+$", r"^[A-Z][a-z]*\.[a-z]{2,}$", r"[^a0A_-]", r"^(x|yy)+z?$", r"v\d+(\.\d+)*"]
@@ -27,11 +23,6 @@ NEEDY = {"type": "object", "required": ["icon", "schemaVersion", "link"], "prope
     "schemaVersion": {"type": "string", "pattern": "1.2"},
     "link": {"type": "string", "pattern": r"^(wifi|ethernet)-[0-9]+$", "minLength": 8},
     "note": {"type": "string"}}}
-
-
-def _valid(schema: dict, text: str) -> None:
-    cls = jsonschema.validators.validator_for(schema)
-    cls(schema, format_checker=cls.FORMAT_CHECKER).validate(json.loads(text))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -72,17 +63,5 @@ def test_a_pattern_that_needs_particular_bytes_is_served_and_every_output_valida
     assert layout.path == "document" and 0 < layout.needed < 64
     assert b".png" in layout.slots[0].hints
 
-    def params(n, seed):
-        return replace(llm.defaults, gen_length=n, steps=n, block_length=n, temperature=1.0, seed=seed)
-
     other = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
-    jobs = [(NEEDY, 64), (NEEDY, 96), (other, 32), (NEEDY, 160)]
-    seqs = [llm.build(Request(prompt="JSON:", params=params(n, s), structured=Structured("json_schema", schema, "s")))
-            for s, (schema, n) in enumerate(jobs)]
-    free = llm.build(Request(prompt="Once upon a time", params=params(32, 7)))
-    outs = llm.run(seqs + [free])
-    for (schema, _), out in zip(jobs, outs):
-        assert out.error is None and out.finish_reason == FinishReason.STOP, out.text
-        _valid(schema, out.text)
-    alone = llm.run([llm.build(Request(prompt="Once upon a time", params=params(32, 7)))])[0]
-    assert outs[-1].error is None and outs[-1].text == alone.text
+    decode_beside_free(llm, [(NEEDY, 64), (NEEDY, 96), (other, 32), (NEEDY, 160)])
