@@ -45,7 +45,7 @@ def document_grammar(schema: object) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(exact_formats(schema), overrides=OPTIONS)
 
 
-def _walk(schema: object, root: str) -> Iterator[tuple[str, dict]]:
+def walk(schema: object, root: str) -> Iterator[tuple[str, dict]]:
     """(path, sub-schema dict) of every dict in the schema, parents first, without recursion
     (the schema's nesting was bounded before this runs)."""
     stack = [(root, schema)]
@@ -65,12 +65,12 @@ def locate(schema: object, message: str, root: str) -> Optional[str]:
     parse, a $ref it cannot resolve), the longest such value first."""
     if "Unimplemented keys" in message:
         names = _QUOTED.findall(message.split("Unimplemented keys", 1)[1])
-        for path, d in _walk(schema, root):
+        for path, d in walk(schema, root):
             hit = next((k for k in names if k in d), None)
             if hit is not None:
                 return f"{path}.{hit}"
     best: Optional[tuple[int, str]] = None
-    for path, d in _walk(schema, root):
+    for path, d in walk(schema, root):
         for key in _VALUE_KEYS:
             v = d.get(key)
             if isinstance(v, str) and len(v) >= 2 and v in message and (best is None or len(v) > best[0]):

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from itertools import islice
 from typing import Iterator, Optional
+
+from celeris.engine.structured.document import walk
 
 try:  # Python 3.11+: the regex parser's modules (private, stable since 2.x under sre_* names)
     import re._constants as C  # noqa: N812 (the parser's opcode names)
@@ -160,17 +163,8 @@ def _in(code: int, items) -> bool:
 
 
 def _patterns(schema: object) -> Iterator[dict]:
-    """The dicts holding a string `pattern` (at most MAX_PATTERNS), without recursion."""
-    stack, found = [schema], 0
-    while stack and found < MAX_PATTERNS:
-        v = stack.pop()
-        if isinstance(v, dict):
-            if isinstance(v.get("pattern"), str):
-                found += 1
-                yield v
-            stack += [x for x in v.values() if isinstance(x, (dict, list))]
-        elif isinstance(v, list):
-            stack += [x for x in v if isinstance(x, (dict, list))]
+    """The dicts holding a string `pattern` (the first MAX_PATTERNS met)."""
+    return islice((d for _, d in walk(schema, "") if isinstance(d.get("pattern"), str)), MAX_PATTERNS)
 
 
 def _int(v: object, default: int) -> int:
