@@ -1,4 +1,4 @@
-"""Which candidates can commit this step, decided before the float64 softmax (CPU, 16-bit logits).
+"""Which candidates can commit this step, decided before the float64 softmax (CPU).
 
 LLaDA's published rule ranks a block's masked positions by p(x0) from a float64 softmax over the
 vocabulary (`select.confidences`). At a 126k vocabulary that softmax was the largest part of a bf16
@@ -15,6 +15,15 @@ row: its top-1's, and the threshold itself). Every other candidate keeps its est
 cut and so below at least k published values: the committed set is decided by published values
 alone, and every committed position reports its published confidence.
 
+float32 logits have no table. Their estimate is the softmax taken in float32 (the row's maximum
+subtracted, exp, a sum): each exp within an ulp, the subtraction's rounding moving a term by at
+most |l - max| * 2^-24 relative (summed over the row, at most V / e times 2^-24 of the sum, which
+is >= 1), a sum of V terms within (V - 1) * 2^-24. `rel` bounds the total, ~1.37 V * 2^-24 plus
+the numerator's own error (its logit within 70 of the maximum, else not screened), with a margin
+of more than 2x: 4 (V + 64) * 2^-24, 1e-3 at a 4k vocabulary. That is coarse next to 16-bit's
+1e-9, but a step's candidates are usually farther apart than that, and where they are not, more
+of them get the published value: never a different commit.
+
 Ties. Where published values tie at the cut, `torch.topk` (the published loops' order,
 `select.published_order`) chooses among them by how it walked the whole array, other values
 included; such a row (or one with a NaN) gets every candidate's published value, as before.
@@ -22,7 +31,7 @@ Exact float64 ties are rare.
 
 Not screened (every candidate's published value, as before): rows asking for provisional picks
 (they report every candidate's confidence), other REMASKING measures, the factor rule, the block
-families' rule, confidences not in float64, logits not 16-bit (no table), a table sum out of range.
+families' rule, confidences not in float64, logits in another dtype, a sum out of range.
 """
 
 from __future__ import annotations
@@ -34,8 +43,10 @@ import torch
 
 from celeris.engine.sampling.batch import REMASK_CODE, SamplingBatch, SelectionRule
 
-REL = 1e-9  # |estimate - published| / published is below ~3e-11 (module docstring)
+REL = 1e-9  # 16-bit logits: |estimate - published| / published is below ~3e-11 (module docstring)
 TABLE_DTYPES = (torch.bfloat16, torch.float16)
+SCREEN_DTYPES = (*TABLE_DTYPES, torch.float32)
+_TOP32 = 2.0 ** -100  # float32: a numerator below (its logit > ~69 under the maximum) is not screened
 _FLOOR = 2.0 ** -850  # a row's sum below this (its maximum below e^-590) is not screened: underflow
 _SMALLEST = 1e-290  # estimates below: a numerator or quotient near float64's subnormals, not screened
 _CHUNK = 1 << 21  # logits gathered per pass (16 MiB of float64 terms)
@@ -60,7 +71,7 @@ class Screen:
 def screening(batch: SamplingBatch, rule: SelectionRule, logits_dtype: torch.dtype, conf_dtype: torch.dtype
               ) -> Optional[Screen]:
     """The rows' `Screen`, or None where no row is screened. Host reads of (B,) knobs: CPU only."""
-    if conf_dtype != torch.float64 or rule.block_threshold or logits_dtype not in TABLE_DTYPES:
+    if conf_dtype != torch.float64 or rule.block_threshold or logits_dtype not in SCREEN_DTYPES:
         return None
     k, remask, factor = batch.k.tolist(), batch.remask.tolist(), batch.factor.tolist()
     B = len(k)
@@ -87,9 +98,16 @@ def _table(dtype: torch.dtype) -> torch.Tensor:
     return table
 
 
+def rel(dtype: torch.dtype, V: int) -> float:
+    """A bound on |estimate - published| / published for logits of this dtype and vocabulary."""
+    return REL if dtype in TABLE_DTYPES else 4 * (V + 64) * 2.0 ** -24
+
+
 def estimates(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-    """p(x0) of each 16-bit logit row (N, V), x0 (N,), within REL of the published float64
-    softmax; NaN where the table cannot bound it (a non-finite or out-of-range row)."""
+    """p(x0) of each logit row (N, V), x0 (N,), within `rel` of the published float64 softmax;
+    NaN where it cannot be bounded (a non-finite or out-of-range row)."""
+    if rows.dtype == torch.float32:
+        return _estimates32(rows, x0)
     N, V = rows.shape
     table = _table(rows.dtype)
     bits = rows.view(torch.uint16)  # the pattern read as unsigned: the table's index
@@ -104,13 +122,31 @@ def estimates(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, est, torch.full_like(est, float("nan")))
 
 
-def contenders(estimate: torch.Tensor, flat: torch.Tensor, B: int, W: int, screen: Screen) -> torch.Tensor:
+def _estimates32(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """`estimates` of float32 rows: the float32 softmax at x0, in passes of few rows."""
+    N, V = rows.shape
+    total = torch.empty(N, dtype=torch.float32)
+    top = torch.empty(N, dtype=torch.float32)
+    step = max(1, _CHUNK // max(V, 1))
+    for i in range(0, N, step):
+        part = rows[i:i + step]
+        terms = (part - part.amax(-1, keepdim=True)).exp_()  # NaN throughout a row with a NaN or +inf
+        total[i:i + step] = terms.sum(-1)
+        top[i:i + step] = terms.gather(1, x0[i:i + step, None]).squeeze(1)
+    est = (top / total).double()
+    ok = total.isfinite() & (top >= _TOP32) & est.isfinite()
+    return torch.where(ok, est, torch.full_like(est, float("nan")))
+
+
+def contenders(estimate: torch.Tensor, flat: torch.Tensor, B: int, W: int, screen: Screen,
+               bound: float = REL) -> torch.Tensor:
     """(N,) bool over the candidates `flat` (N,) (b * W + w): those that need their published
     value: every candidate of an unscreened row, an estimate that is NaN, and those whose upper
-    bound reaches the row's cut (the need-th best lower bound, or the threshold if lower)."""
+    bound (`bound`: `rel`) reaches the row's cut (the need-th best lower bound, or the threshold
+    if lower)."""
     valid = estimate.isfinite()
-    lo = torch.where(valid, estimate * (1 - REL), torch.full_like(estimate, float("-inf")))
-    hi = torch.where(valid, estimate * (1 + REL), torch.full_like(estimate, float("inf")))
+    lo = torch.where(valid, estimate * (1 - bound), torch.full_like(estimate, float("-inf")))
+    hi = torch.where(valid, estimate * (1 + bound), torch.full_like(estimate, float("inf")))
     need = screen.need
     rows = flat // W
     n = need.clamp_min(0).minimum(torch.zeros(B, dtype=torch.long).index_add_(0, rows, torch.ones_like(rows)))
@@ -138,7 +174,7 @@ def tied(conf: torch.Tensor, exact: torch.Tensor, screen: Screen) -> torch.Tenso
 
 def screened(logits: torch.Tensor, x0: torch.Tensor, flat: torch.Tensor, screen: Screen, dtype: torch.dtype,
              published: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Confidences (B, W) of 16-bit logits (B, W, V) at the candidates flat (N,) (b * W + w), 0
+    """Confidences (B, W) of logits (B, W, V) (`SCREEN_DTYPES`) at the candidates flat (N,) (b * W + w), 0
     elsewhere: `published(at)` (the float64 measure at positions at (n,)) where a candidate can
     commit, its row is not screened or ties at its cut; the estimate elsewhere."""
     B, W, V = logits.shape
@@ -150,7 +186,7 @@ def screened(logits: torch.Tensor, x0: torch.Tensor, flat: torch.Tensor, screen:
     if bool(screened_at.any()):
         at = flat[screened_at]
         est[screened_at] = estimates(rows_at(logits, at), x0.reshape(-1)[at])
-    exact = contenders(est, flat, B, W, screen)
+    exact = contenders(est, flat, B, W, screen, rel(logits.dtype, V))
     conf.index_copy_(0, flat, est.to(dtype))
     conf.index_copy_(0, flat[exact], published(flat[exact]))
     known = torch.zeros(B * W, dtype=torch.bool).index_fill_(0, flat[exact], True).view(B, W)

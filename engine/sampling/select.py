@@ -8,9 +8,9 @@ tokens as the readable reference loop (engine/sampling/reference.py) where confi
 
 Confidences are computed in float64 over the window, as LLaDA's first published generate() and
 Fast-dLLM do: a trained model puts many positions at probability 1.0 in float32 (EOS tails),
-and float64 keeps them apart. On the CPU with 16-bit logits only the candidates that can commit
-get that softmax; the others are bounded below them from a table of exponentials
-(engine/sampling/screen.py), which changes no commit and no reported value. Tie-break rule
+and float64 keeps them apart. On the CPU only the candidates that can commit get that softmax;
+the others are bounded below them (a table of exponentials for 16-bit logits, a float32 softmax
+for float32 ones: engine/sampling/screen.py), which changes no commit and no reported value. Tie-break rule
 (batched): among equal confidences the lower canvas position is committed first (a stable
 descending sort).
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 from celeris.engine.sampling.filters import filter_logits
 from celeris.engine.sampling.noise import gumbel_scores, position_hash, row_scores, sampled_argmax, uniform_noise
-from celeris.engine.sampling.screen import TABLE_DTYPES, Screen, rows_at, screened, screening
+from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, rows_at, screened, screening
 
 NEG_INF = float("-inf")
 SPARSE_DRAW = 8  # a sampled step hashes only the live tokens when under 1 in this many are
@@ -52,7 +52,7 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
     bf16 step at a 126k vocabulary) is paid only where it can change the result. Elsewhere
     (CUDA) every position is computed: fixed shapes, no host synchronisation. Not with the
     entropy measure: torch splits a lone row's sum across threads, which would change its bits.
-    screen (with where, CPU, 16-bit logits; `screen.screening`): of a screened row's candidates
+    screen (with where, CPU, 16-bit or float32 logits; `screen.screening`): of a screened row's candidates
     only those that can commit get the published value, the others an estimate certified below
     every committed one (engine/sampling/screen.py): the same commits, the same reported values.
     """
@@ -61,7 +61,7 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
     if where is not None and logits.device.type == "cpu" and "entropy" not in used:
         B, W, V = logits.shape
         flat = where.reshape(-1).nonzero().squeeze(-1)  # (N,) candidate positions (a host read: CPU only)
-        if screen is not None and logits.dtype in TABLE_DTYPES:
+        if screen is not None and logits.dtype in SCREEN_DTYPES:
             return screened(logits, x0, flat, screen, dtype,
                             lambda at: _measures_at(logits, x0, remask, u_random, dtype, used, at))
         if flat.numel() < B * W:
