@@ -36,6 +36,7 @@ from celeris.engine.loop.sequence import Sequence
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)
+SPREAD_KEEP = 64 << 20  # bytes of window logits a mode keeps between steps (`Runner._spread_buffer`)
 
 
 def _row_aligned(n: int) -> int:
@@ -85,6 +86,7 @@ class Runner(ConfigCosts):
         self.use_graphs = self.device.type == "cuda" and config.cuda_graphs and isinstance(model, MaskPredictor)
         self._graphs = GraphCache()
         self.static = False  # run the graphs' bucket shapes eagerly (CPU tests of the graph path)
+        self._spread: dict[str, torch.Tensor] = {}  # per mode: `_spread_buffer`
 
     def cache_mode(self, seq: Sequence) -> str:
         """The request's KV cache mode: its own choice, else the engine's default."""
@@ -254,8 +256,26 @@ class Runner(ConfigCosts):
                 logits = self._guided(logits, v._replace(out_index=out_index), geo, scale)
         if live is None:
             return logits
-        full = logits.new_zeros((b.B, b.W, logits.shape[-1]))  # columns the selection never reads stay 0
-        return full.scatter_(1, live[..., None].expand(-1, -1, logits.shape[-1]), logits)
+        B, K, V = logits.shape  # whole vocabulary rows copied back (index_copy_: a scatter goes element by element)
+        full = self._spread_buffer(mode, b.B * b.W, V, logits.dtype)  # columns the selection never reads are 0
+        rows = (live + torch.arange(B, device=live.device)[:, None] * b.W).reshape(-1)
+        return full.index_copy_(0, rows, logits.reshape(B * K, V)).view(b.B, b.W, V)
+
+    def _spread_buffer(self, mode: str, n: int, V: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed (n, V) buffer for one forward's window logits (CPU). One is kept per mode (a
+        step runs one forward per mode and reads them all at its end) while it stays under
+        SPREAD_KEEP bytes: a fresh allocation of that size is new pages from the system each
+        step, and faulting them in cost a fifth of a small model's selection. Larger ones
+        (wide vocabularies, big batches) are allocated per step, where their share is small."""
+        size = n * V
+        buf = self._spread.get(mode)
+        if buf is not None and buf.dtype == dtype and buf.numel() >= size:
+            return buf[:size].view(n, V).zero_()
+        if size * dtype.itemsize > SPREAD_KEEP:
+            return torch.zeros((n, V), dtype=dtype, device=self.device)
+        with torch.inference_mode(False):  # a normal tensor: a later step may run outside inference mode
+            buf = self._spread[mode] = torch.zeros(size, dtype=dtype, device=self.device)
+        return buf.view(n, V)
 
     def _live_columns(self, v: View) -> Optional[torch.Tensor]:
         """CPU: the window columns (B, K) the head (and the last layer's queries and MLP,
