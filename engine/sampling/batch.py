@@ -92,6 +92,7 @@ class SamplingBatch:
     provisional: tuple[bool, ...]  # per real row
     nucleus: bool = True  # any row with top_p < 1 (else top-k/min-p need only a partial sort)
     top_k_max: int = 0  # the largest top_k of a real row
+    any_factor: bool = False  # any row under the factor rule this step
 
     @property
     def top_logprobs(self) -> int:
@@ -129,7 +130,8 @@ class SamplingBatch:
                    measures=frozenset(p.remasking for p in ps),
                    thresholds=tuple(float(row[1]) for row in floats),
                    logprobs=tuple(p.logprobs for p in ps), provisional=tuple(p.provisional for p in ps),
-                   nucleus=any(p.top_p < 1 for p in ps), top_k_max=max((p.top_k for p in ps), default=0))
+                   nucleus=any(p.top_p < 1 for p in ps), top_k_max=max((p.top_k for p in ps), default=0),
+                   any_factor=any(row[2] > 0 for row in floats))
 
 
 def _stop_table(rows: Seq[RowKnobs], B: int, vocab: int, device: torch.device) -> torch.Tensor:

@@ -15,14 +15,15 @@ row: its top-1's, and the threshold itself). Every other candidate keeps its est
 cut and so below at least k published values: the committed set is decided by published values
 alone, and every committed position reports its published confidence.
 
-float32 logits have no table. Their estimate is the softmax taken in float32 (the row's maximum
-subtracted, exp, a sum): each exp within an ulp, the subtraction's rounding moving a term by at
-most |l - max| * 2^-24 relative (summed over the row, at most V / e times 2^-24 of the sum, which
-is >= 1), a sum of V terms within (V - 1) * 2^-24. `rel` bounds the total, ~1.37 V * 2^-24 plus
-the numerator's own error (its logit within 70 of the maximum, else not screened), with a margin
-of more than 2x: 4 (V + 64) * 2^-24, 1e-3 at a 4k vocabulary. That is coarse next to 16-bit's
-1e-9, but a step's candidates are usually farther apart than that, and where they are not, more
-of them get the published value: never a different commit.
+float32 logits have no table. Their estimate is torch's softmax taken in float32 (the row's
+maximum subtracted, exp, a sum, a division): the subtraction's rounding moves a term by at most
+|l - max| * 2^-24 relative (over the row at most V / e times 2^-24 of the sum, which is >= 1),
+a sum of V terms in any order is within (V - 1) * 2^-24, each exp within a few ulps. `rel`
+bounds the total, ~1.37 V * 2^-24 plus the numerator's own error (its logit within 70 of the
+maximum, else not screened), with a margin of more than 2x, which also covers an exp hundreds of
+ulps off: 4 (V + 64) * 2^-24, 1e-3 at a 4k vocabulary (measured: under 3e-7). That is coarse
+next to 16-bit's 1e-9, but a step's candidates are usually farther apart than that, and where
+they are not, more of them get the published value: never a different commit.
 
 Ties. Where published values tie at the cut, `torch.topk` (the published loops' order,
 `select.published_order`) chooses among them by how it walked the whole array, other values
@@ -46,7 +47,7 @@ from celeris.engine.sampling.batch import REMASK_CODE, SamplingBatch, SelectionR
 REL = 1e-9  # 16-bit logits: |estimate - published| / published is below ~3e-11 (module docstring)
 TABLE_DTYPES = (torch.bfloat16, torch.float16)
 SCREEN_DTYPES = (*TABLE_DTYPES, torch.float32)
-_TOP32 = 2.0 ** -100  # float32: a numerator below (its logit > ~69 under the maximum) is not screened
+_TOP32 = 2.0 ** -100  # float32: an estimate below (its logit > ~69 under the maximum) is not screened
 _FLOOR = 2.0 ** -850  # a row's sum below this (its maximum below e^-590) is not screened: underflow
 _SMALLEST = 1e-290  # estimates below: a numerator or quotient near float64's subnormals, not screened
 _CHUNK = 1 << 21  # logits gathered per pass (16 MiB of float64 terms)
@@ -123,18 +124,14 @@ def estimates(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 
 
 def _estimates32(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-    """`estimates` of float32 rows: the float32 softmax at x0, in passes of few rows."""
+    """`estimates` of float32 rows: torch's float32 softmax at x0 (NaN throughout a row with a NaN
+    or +inf), in passes of few rows. Past _TOP32 (the numerator e^(l - max) >= p) not screened."""
     N, V = rows.shape
-    total = torch.empty(N, dtype=torch.float32)
-    top = torch.empty(N, dtype=torch.float32)
+    est = torch.empty(N, dtype=torch.float64)
     step = max(1, _CHUNK // max(V, 1))
     for i in range(0, N, step):
-        part = rows[i:i + step]
-        terms = (part - part.amax(-1, keepdim=True)).exp_()  # NaN throughout a row with a NaN or +inf
-        total[i:i + step] = terms.sum(-1)
-        top[i:i + step] = terms.gather(1, x0[i:i + step, None]).squeeze(1)
-    est = (top / total).double()
-    ok = total.isfinite() & (top >= _TOP32) & est.isfinite()
+        est[i:i + step] = torch.softmax(rows[i:i + step], -1).gather(1, x0[i:i + step, None]).squeeze(1)
+    ok = est.isfinite() & (est >= _TOP32)
     return torch.where(ok, est, torch.full_like(est, float("nan")))
 
 

@@ -278,8 +278,11 @@ def _commit(conf: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch, b
         n_thr = torch.maximum((sorted_conf > thr).sum(-1), batch.k).clamp_min(1)
     else:
         n_thr = (sorted_conf >= thr).sum(-1).clamp_min(1)
-    n_factor = _factor_count(sorted_conf, batch.factor, n_cand, batch.factor_rule)
-    n_commit = torch.where(batch.threshold > 0, n_thr, torch.where(batch.factor > 0, n_factor, batch.k))
+    n_commit = batch.k
+    if batch.any_factor:
+        n_factor = _factor_count(sorted_conf, batch.factor, n_cand, batch.factor_rule)
+        n_commit = torch.where(batch.factor > 0, n_factor, n_commit)
+    n_commit = torch.where(batch.threshold > 0, n_thr, n_commit)
     n_commit = torch.minimum(n_commit, n_cand)
     return (ranks < n_commit[:, None]) & candidate, n_commit
 
