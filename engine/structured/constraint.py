@@ -417,8 +417,14 @@ class Constraint:
             s = self.layout.slots[i]
             if not s.forced or self._ended[i] or p in self._force or not lo <= p < hi:
                 continue
-            ff = self._matchers[i].compute_ff_tokens()[:max(0, min(hi, s.start + s.capacity - 1) - p)]
-            ff = self._closers[i].spelled(ff) if ff else ff  # the completion's spelling: what fits counts it
+            ff = self._matchers[i].compute_ff_tokens()
+            if ff:  # the completion's spelling (what fits counts it), so the completion is found
+                # first (a document's opening is forced before any front asked for it), and chosen
+                # over all the forced bytes before the window cuts them: cut first, a forced key's
+                # first piece in llguidance's spelling would not be the completion's first token.
+                self._closers[i].completion(self._matchers[i], self._room(s, p))
+                ff = self._closers[i].spelled(ff)
+            ff = ff[:max(0, min(hi, s.start + s.capacity - 1) - p)]
             ff = ff[:self._matchers[i].try_consume_tokens(ff)] if ff else ff
             if not ff:
                 continue

@@ -183,3 +183,52 @@ def test_forced_tokens_take_the_completions_spelling_where_it_is_shorter(compile
     assert closer.spelled(ff) == ff
     closer.path = ff + [one[ord(":")]]  # the completion spells them alike
     assert closer.spelled(ff) == ff
+
+
+class _ByteForcing:
+    """An llguidance matcher whose fast-forward spells each forced byte as its own token, as
+    llguidance did for some keys on llada-vocab (`no`,`d`,`e`,`M`,`a`,`ps`)."""
+
+    def __init__(self, m: llguidance.LLMatcher, tokens):
+        self._m, self._tokens = m, tokens
+
+    def compute_ff_tokens(self) -> list[int]:
+        data = b"".join(self._tokens.bytes[t] for t in self._m.compute_ff_tokens())
+        return [self._tokens.spell[data[i:i + 1]] for i in range(len(data))]
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+
+def test_forced_keys_cut_by_a_narrow_window_still_take_the_completions_spelling(compiler):
+    """A window of one column lets one forced token commit a step. The completion's spelling is
+    chosen over all the forced bytes before that cut: cut first, the single-byte piece is not the
+    completion's first token, the completion is lost, and a key spelled byte by byte leaves the
+    document no room on a canvas of its shortest length."""
+    schema = {"type": "object", "required": ["nodeMaps", "description"], "properties": {  # an optional
+        "nodeMaps": {"type": "integer"}, "description": {"type": "integer"}, "note": {"type": "string"}}}  # key: the document path
+    key = segment(compiler.tokens, None, b'{"nodeMaps":')
+    assert len(key) < len(b'{"nodeMaps":')
+    n = next(n for n in range(4, 64) if _compiles(compiler, schema, n))  # the tightest canvas served
+    c = Constraint(compiler.compile(Structured("json_schema", schema, "s"), n), compiler)
+    assert c.layout.path == "document"
+    c._matchers[0] = _ByteForcing(c._matchers[0], compiler.tokens)
+    out: list[int] = []
+    for p in range(n):
+        _, words = c.window([p])  # one column: at most one forced token a step
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(words[0].view(np.uint8), bitorder="little"))
+                   if t < compiler.vocab_size]
+        tok = min(allowed)  # any: the tight canvas leaves the mask one way to go
+        c.commit(p, tok)
+        out.append(tok)
+    assert out[:len(key)] == key  # the completion's spelling, not one token a byte
+    text = compiler.tok.decode([t for t in out if t != compiler.tok.eos_id])
+    valid(schema, text)
+
+
+def _compiles(compiler: Compiler, schema: dict, n: int) -> bool:
+    try:
+        compiler.compile(Structured("json_schema", schema, "s"), n)
+        return True
+    except StructureError:
+        return False
