@@ -393,11 +393,11 @@ class Constraint:
         InvalidRequest naming this request's own field if its matcher raises or allows nothing
         at a front (its language ended: nothing could be served)."""
         col_of = {p: j for j, p in enumerate(cols) if p >= 0}
-        if col_of:
-            self._fast_forward(min(col_of), max(col_of) + 1)
-        fronts = self.fronts(min(col_of), max(col_of) + 1) if col_of else []
-        words = np.zeros((len(fronts), self.words), dtype=np.uint32)
-        try:
+        try:  # llguidance runs in both: its errors are this request's alone
+            if col_of:
+                self._fast_forward(min(col_of), max(col_of) + 1)
+            fronts = self.fronts(min(col_of), max(col_of) + 1) if col_of else []
+            words = np.zeros((len(fronts), self.words), dtype=np.uint32)
             for k, p in enumerate(fronts):
                 self.fill(p, words[k])
                 if not words[k].any():

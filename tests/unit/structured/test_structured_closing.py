@@ -232,3 +232,28 @@ def _compiles(compiler: Compiler, schema: dict, n: int) -> bool:
         return True
     except StructureError:
         return False
+
+
+class _Broken:
+    """An llguidance matcher that raises where the fast-forward asks it for forced tokens."""
+
+    def __init__(self, m: llguidance.LLMatcher):
+        self._m = m
+
+    def compute_ff_tokens(self) -> list[int]:
+        raise RuntimeError("matcher state lost")
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+
+def test_a_matcher_raising_in_the_fast_forward_fails_its_own_request_by_name(compiler):
+    """The fast-forward runs llguidance too (and a completion search): its errors are this
+    request's InvalidRequest, which the step turns into this row's error alone (masks.window_masks
+    catches only that), never an exception out of the batch's step."""
+    schema = {"type": "object", "required": ["nodeMaps"], "properties": {
+        "nodeMaps": {"type": "integer"}, "note": {"type": "string"}}}
+    c = Constraint(compiler.compile(Structured("json_schema", schema, "s"), 64), compiler)
+    c._matchers[0] = _Broken(c._matchers[0])
+    with pytest.raises(InvalidRequest, match="the constraint library failed"):
+        c.window(list(range(8)))
