@@ -205,8 +205,9 @@ def test_forced_keys_cut_by_a_narrow_window_still_take_the_completions_spelling(
     chosen over all the forced bytes before that cut: cut first, the single-byte piece is not the
     completion's first token, the completion is lost, and a key spelled byte by byte leaves the
     document no room on a canvas of its shortest length."""
-    schema = {"type": "object", "required": ["nodeMaps", "description"], "properties": {  # an optional
-        "nodeMaps": {"type": "integer"}, "description": {"type": "integer"}, "note": {"type": "string"}}}  # key: the document path
+    schema = {"type": "object", "required": ["nodeMaps", "description"], "properties": {  # "note" is
+        "nodeMaps": {"type": "integer"}, "description": {"type": "integer"},  # optional: the document path
+        "note": {"type": "string"}}}
     key = segment(compiler.tokens, None, b'{"nodeMaps":')
     assert len(key) < len(b'{"nodeMaps":')
     n = next(n for n in range(4, 64) if _compiles(compiler, schema, n))  # the tightest canvas served
