@@ -224,7 +224,7 @@ class MaskPredictor(nn.Module):
             if self.cfg.logit_shift:  # position p is predicted from hidden state p-1
                 x = torch.cat([x[:, :1], x[:, :-1]], dim=1)
             if out_index is not None:
-                x = torch.gather(x, 1, out_index[..., None].expand(-1, -1, x.shape[-1]))  # (B, W, D)
+                x = _rows(x, out_index)  # (B, W, D)
         if head_rows is not None:
             x = x[:head_rows]
         logits = self.head(x) if head and x.shape[0] else None

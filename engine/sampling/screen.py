@@ -21,9 +21,9 @@ maximum subtracted, exp, a sum, a division): the subtraction's rounding moves a 
 a sum of V terms in any order is within (V - 1) * 2^-24, each exp within a few ulps. `rel`
 bounds the total, ~1.37 V * 2^-24 plus the numerator's own error (its logit within 70 of the
 maximum, else not screened), with a margin of more than 2x, which also covers an exp hundreds of
-ulps off: 4 (V + 64) * 2^-24, 1e-3 at a 4k vocabulary (measured: under 2e-6; 2.4e-5 at 126k). That is coarse
-next to 16-bit's 1e-9, but a step's candidates are usually farther apart than that, and where
-they are not, more of them get the published value: never a different commit.
+ulps off: 4 (V + 64) * 2^-24, 1e-3 at a 4k vocabulary (measured: under 2e-6; 2.4e-5 at 126k).
+That is coarse next to 16-bit's 1e-9, but a step's candidates are usually farther apart than
+that, and where they are not, more of them get the published value: never a different commit.
 
 Ties. Where published values tie at the cut, `torch.topk` (the published loops' order,
 `select.published_order`) chooses among them by how it walked the whole array, other values
@@ -137,7 +137,7 @@ def _estimates32(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 
 
 def contenders(estimate: torch.Tensor, flat: torch.Tensor, B: int, W: int, screen: Screen,
-               bound: float = REL) -> torch.Tensor:
+               bound: float) -> torch.Tensor:
     """(N,) bool over the candidates `flat` (N,) (b * W + w): those that need their published
     value: every candidate of an unscreened row, an estimate that is NaN, and those whose upper
     bound (`bound`: `rel`) reaches the row's cut (the need-th best lower bound, or the threshold
