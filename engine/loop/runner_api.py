@@ -19,6 +19,7 @@ import torch
 from celeris.engine.errors import RowFailed
 from celeris.engine.sampling.select import published_order, select_tokens, token_logprobs, with_edits
 from celeris.engine.sampling.batch import SamplingBatch, Selection, SelectionRule, Window
+from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.choice import option_probabilities
 from celeris.engine.loop.sequence import Sequence
 from celeris.engine.structured.masks import window_masks
@@ -143,13 +144,26 @@ def isolate(candidate: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return candidate & ~bad[:, None]
 
 
-def structure_row(constraint: Optional[object], first: int, width: int, W: int) -> Optional[tuple[object, list[int]]]:
+def structure_row(constraint: Optional[object], first: int, width: int, W: int, params: Optional[SamplingParams] = None
+                  ) -> Optional[tuple[object, list[int], int]]:
     """A row's entry in `select_step`'s `constraints`: None when unconstrained, else its
-    constraint with the output position of each of the W window columns (`first` on, `width`
-    of them; -1 past them)."""
+    constraint, the output position of each of the W window columns (`first` on, `width` of
+    them; -1 past them), and how many more positions each slot may commit after its front this
+    step (`chain_rounds`; 0 without `params`)."""
     if constraint is None:
         return None
-    return constraint, [first + j if j < width else -1 for j in range(W)]
+    return constraint, [first + j if j < width else -1 for j in range(W)], 0 if params is None else chain_rounds(params)
+
+
+def chain_rounds(p: SamplingParams) -> int:
+    """Positions a slot commits this step past its front, left to right, each under its mask
+    after the one before is taken (`chained`): a constrained request keeps the pace the request
+    asked for. The fixed schedule's rate, ceil(block_length / steps_per_block) tokens a step
+    (steps = gen_length: one, the front alone); a threshold row goes on while each next pick is
+    at least as confident as its threshold (the block's length at most); a factor row as fixed."""
+    if p.threshold is not None:
+        return p.block_length - 1
+    return -(-p.block_length // max(1, p.steps_per_block)) - 1
 
 
 def select_step(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule: SelectionRule, real: torch.Tensor,
@@ -173,10 +187,66 @@ def select_step(logits: torch.Tensor, batch: SamplingBatch, window: Window, rule
     sel = select_tokens(logits, batch, replace(window, candidate=candidate, allowed=allowed), rule)
     if tokens.device.type == "cpu":
         sel = published_order(sel, candidate, batch, rule, spans)
+    if front is not None:
+        sel, candidate = chained(sel, candidate, logits, batch, window, rule, constraints, failed, bad)
     if editable is not None:
         sel = with_edits(sel, tokens, editable, batch.editing)
     new = torch.where(sel.commit, sel.x0, tokens)
     return new, functools.partial(row_results, sel, new, candidate, batch, logits, bad, failed, choices)
+
+
+def chained(sel: Selection, candidate: torch.Tensor, logits: torch.Tensor, batch: SamplingBatch, window: Window,
+            rule: SelectionRule, constraints: Seq, failed: dict[int, Exception], bad: torch.Tensor
+            ) -> tuple[Selection, torch.Tensor]:
+    """Structured rows commit more than their fronts in one step: each round, the picks of the
+    round before go to their constraints now (`Constraint.commit_early`), the slots' next fronts
+    get their masks, and the same logits are selected again at those positions only, under the
+    same rule, noise and knobs (a position's noise is keyed by its position, so a pick is the one
+    it would get as a front of its own). A row goes on for its `chain_rounds`; a threshold row
+    keeps a round's pick only at or above its threshold and stops at a round that keeps none.
+    Unconstrained rows take no part; a row whose structure raises fails alone (`failed`). Each
+    round reads the picks on the host (the constraint library runs there). -> (the selection with
+    the chained commits, the candidates with the chained fronts)."""
+    left = {r: e[2] for r, e in enumerate(constraints) if e is not None and e[2] > 0 and r not in failed}
+    if not left:
+        return sel, candidate
+    B, W = candidate.shape
+    x0, commit, conf, n_commit = sel.x0, sel.commit, sel.conf, sel.n_commit
+    last = commit
+    gated = batch.threshold > 0  # (B,) threshold rows keep a chained pick only when it is confident
+    while left:
+        picks = torch.where(last, x0, -1).cpu()
+        rows: list[Optional[tuple[object, list[int]]]] = [None] * B
+        for r in list(left):
+            taken = (picks[r] >= 0).nonzero().flatten().tolist()
+            left[r] -= 1
+            if left[r] < 0 or not taken:
+                del left[r]
+                continue
+            c, cols = constraints[r][0], constraints[r][1]
+            try:
+                for j in taken:
+                    c.commit_early(cols[j], int(picks[r, j]))
+            except Exception as e:  # this row's own structure: it fails alone
+                failed[r] = e
+                del left[r]
+                continue
+            rows[r] = (c, cols)
+        if not left:
+            break
+        front, allowed, broken = window_masks(rows, W, candidate.device)
+        failed.update(broken)
+        for r in broken:
+            left.pop(r, None)
+        active = torch.zeros(B, dtype=torch.bool)
+        active[list(left)] = True
+        fronts = isolate(window.candidate & front & active.to(front.device)[:, None], bad)
+        s = select_tokens(logits, batch, replace(window, candidate=fronts, allowed=allowed), rule)
+        last = s.commit & (~gated[:, None] | (s.conf >= batch.threshold.to(s.conf.dtype)[:, None]))
+        x0, conf = torch.where(last, s.x0, x0), torch.where(last, s.conf, conf)
+        commit, n_commit = commit | last, n_commit + last.sum(-1)
+        candidate = candidate | fronts
+    return replace(sel, x0=x0, commit=commit, conf=conf, n_commit=n_commit), candidate
 
 
 def choice_scores(logits: torch.Tensor, constraints: Seq, failed: dict[int, Exception]) -> dict[int, torch.Tensor]:

@@ -340,6 +340,7 @@ class Constraint:
         self._mask = compiler.tok.mask_id
         self._by_front = {s.start: i for i, s in enumerate(layout.slots)}
         self._force: dict[int, int] = {}  # position -> the token the grammar forces there (forced slots)
+        self._early: dict[int, int] = {}  # position -> token a step's chain committed before the sequence did
         # The forced slots' closing (document.Closer): a document ends before the canvas does.
         self._closers = {i: Closer(compiler.tokens, self.words, s.hints) for i, s in enumerate(layout.slots) if s.forced}
         # Typed decisions (engine/sampling/choice.py): whether this request asked for its options'
@@ -480,7 +481,23 @@ class Constraint:
 
     def commit(self, pos: int, token: int) -> None:
         """The slot whose front is `pos` committed `token` there: move its front right. A slot
-        that ends makes all its remaining positions fronts at once (each allows the filler only)."""
+        that ends makes all its remaining positions fronts at once (each allows the filler only).
+        A position `commit_early` already took is not taken twice."""
+        early = self._early.pop(pos, None)
+        if early is not None:
+            if early != token:  # the sequence applies the step's own picks: never happens
+                raise self.failure(f"output position {pos} took token {token} after {early}")
+            return
+        self._advance(pos, token)
+
+    def commit_early(self, pos: int, token: int) -> None:
+        """`commit` during the step that picked `token` (runner_api's chain): the slot's front
+        moves now, so the same step can pick at the next position under its mask; the sequence's
+        own `commit` of it afterwards is a no-op."""
+        self._advance(pos, token)
+        self._early[pos] = token
+
+    def _advance(self, pos: int, token: int) -> None:
         i = self._by_front.pop(pos)
         s = self.layout.slots[i]
         if pos in self._force:

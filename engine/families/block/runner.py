@@ -262,7 +262,7 @@ class BlockRunner(ConfigCosts):
         prompt = torch.tensor([len(s.prompt) for s in rows], device=dev)
         canvas = self.tokens[slots] if batch.frequency is not None else None
         constraints = [structure_row(s.constraint if s.denoising else None, s.block_window[0] - len(s.prompt),
-                                     s.block_window[1] - s.block_window[0], Wq) for s in rows]
+                                     s.block_window[1] - s.block_window[0], Wq, s.params) for s in rows]
         editable = None
         if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
             editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])

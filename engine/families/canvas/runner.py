@@ -304,7 +304,7 @@ class Runner(ConfigCosts):
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         pos = geo[BLOCK_START][:, None] + w[None, :]  # generated-region positions key the noise
-        constraints = [structure_row(s.constraint, s.block_start, s.params.block_length, W) for s in group]
+        constraints = [structure_row(s.constraint, s.block_start, s.params.block_length, W, s.params) for s in group]
         window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN])
         new, read = select_step(logits, batch, window, self.family.rule, v.in_block,
                                 constraints + [None] * (B - len(group)), spans)
