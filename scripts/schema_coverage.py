@@ -1,7 +1,7 @@
 """Structured-output coverage over a local copy of JSONSchemaBench-style schemas (issue 42).
 
     python scripts/schema_coverage.py /tmp/jsb [--model celeris-tiny] [--max-tokens 512]
-        [--limit 0] [--generate 0 --seeds 2 --gen-length 512]
+        [--limit 0] [--generate 0 --seeds 2 --gen-length 512 --steps 0 --door engine|http]
 
 PATH is a folder of JSON files: one schema a file (its subset: the first folder under PATH, as in
 the benchmark's data/<subset>/*.json), or the maskbench layout (files holding {"schema": ...}, the
@@ -27,6 +27,7 @@ import collections
 import json
 import re
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -166,11 +167,22 @@ def http_outcomes(llm: LLM, jobs: list, params) -> list[tuple[Optional[str], str
                 return None, "refused", str(e)[:160]
             return c.message.content, c.finish_reason, None
 
+        done, lock, t0 = [0], threading.Lock(), time.perf_counter()
+
+        def counted(job):
+            out = one(job)
+            with lock:
+                done[0] += 1
+                if done[0] % 50 == 0 or done[0] == len(jobs):
+                    print(f"  {done[0]}/{len(jobs)} answered, {time.perf_counter() - t0:.0f} s", flush=True)
+            return out
+
         with ThreadPoolExecutor(16) as pool:
-            return list(pool.map(one, jobs))
+            return list(pool.map(counted, jobs))
 
 
-def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int, door: str = "engine") -> None:
+def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int, door: str = "engine",
+             steps: int = 0) -> None:
     by = collections.defaultdict(list)
     for r in results:
         if r["path"]:
@@ -178,7 +190,8 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
     pool = [rs[i] for i in range(max(map(len, by.values()), default=0)) for rs in by.values() if i < len(rs)][:n]
     jobs = [(r, s) for r in pool for s in range(seeds)]
     valid, length, failed = collections.Counter(), 0, []
-    params = replace(llm.defaults, gen_length=gen_length, steps=gen_length, block_length=32, temperature=1.0)
+    steps = steps or gen_length  # fewer: each slot chains several positions a step (runner_api.chained)
+    params = replace(llm.defaults, gen_length=gen_length, steps=steps, block_length=32, temperature=1.0)
     t0 = time.perf_counter()
     outcomes = (http_outcomes if door == "http" else engine_outcomes)(llm, jobs, params)
     for (r, s), (text, finish, err) in zip(jobs, outcomes):
@@ -193,7 +206,8 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
             failed.append((r["subset"], r["name"], s, finish, why))
     total = len(jobs)
     ok = sum(v for (_, good), v in valid.items() if good)
-    print(f"generated {total} ({len(pool)} schemas x {seeds} seeds, gen_length {gen_length}, door {door}) in "
+    print(f"generated {total} ({len(pool)} schemas x {seeds} seeds, gen_length {gen_length}, steps {steps}, "
+          f"door {door}) in "
           f"{time.perf_counter() - t0:.0f} s: valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%), "
           f"ran out of max_tokens {length}")
     for path in ("skeleton", "document", "refused at gen_length"):
@@ -212,6 +226,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--generate", type=int, default=0, help="decode this many accepted schemas")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--gen-length", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=0, help="denoising steps of each generated request (0: gen-length)")
     ap.add_argument("--door", choices=("engine", "http"), default="engine",
                     help="decode through the engine's offline API or over HTTP with the openai SDK")
     a = ap.parse_args(argv)
@@ -222,7 +237,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     results = measure(compiler, compiler.ll, rows, a.max_tokens)
     report(results)
     if a.generate:
-        generate(llm, results, a.generate, a.seeds, a.gen_length, door=a.door)
+        generate(llm, results, a.generate, a.seeds, a.gen_length, door=a.door, steps=a.steps)
 
 
 if __name__ == "__main__":
