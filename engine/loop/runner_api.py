@@ -210,6 +210,7 @@ def chained(sel: Selection, candidate: torch.Tensor, logits: torch.Tensor, batch
     left = {r: e[2] for r, e in enumerate(constraints) if e is not None and e[2] > 0 and r not in failed}
     if not left:
         return sel, candidate
+    before = set(failed)
     B, W = candidate.shape
     x0, commit, conf, n_commit = sel.x0, sel.commit, sel.conf, sel.n_commit
     last = commit
@@ -246,6 +247,10 @@ def chained(sel: Selection, candidate: torch.Tensor, logits: torch.Tensor, batch
         x0, conf = torch.where(last, s.x0, x0), torch.where(last, s.conf, conf)
         commit, n_commit = commit | last, n_commit + last.sum(-1)
         candidate = candidate | fronts
+    if broke := sorted(set(failed) - before):  # like a row failing at its masks: it writes nothing back
+        gone = torch.zeros(B, dtype=torch.bool)
+        gone[broke] = True
+        commit = commit & ~gone.to(commit.device)[:, None]
     return replace(sel, x0=x0, commit=commit, conf=conf, n_commit=n_commit), candidate
 
 

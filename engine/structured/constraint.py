@@ -24,7 +24,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence as Seq
+from typing import Optional
 
 import llguidance
 import numpy as np
@@ -35,7 +35,7 @@ from celeris.engine.structured.completion import COMPILE_FUEL, OutOfFuel
 from celeris.engine.structured.document import MAX_SHORTEST, Closer, Scan, Tokens, document_grammar, grammar_text, \
     locate, shortest
 from celeris.engine.structured.examples import hints as string_hints
-from celeris.engine.structured.masks import unpack, window_masks  # noqa: F401  (runners import them here)
+from celeris.engine.structured.masks import unpack
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
 
