@@ -5,6 +5,7 @@ the throughput cost of the constraint at concurrency 16, side by side in one run
                                        [--door engine|grpc|http|all] [--throughput-model celeris-tiny]
                                        [--repeats 3]   (--repeats 0: validity only)
     python scripts/bench_structured.py --serving [--models celeris-tiny,celeris-tiny-block]
+    python scripts/bench_structured.py --pace --models celeris-tiny,celeris-tiny-block --length 128
 
 Validity: every output must parse (json.loads) and validate (jsonschema), or fullmatch its
 regex / equal one of its choices. The same requests (prompt "Answer:", temperature 1, seeds
@@ -272,6 +273,47 @@ def serving_specs(workload: str, n: int, G: int, schemas: list[dict], a: argpars
     return specs
 
 
+# Schemas only the whole-document path serves (unbounded strings and arrays, optional keys, $ref, anyOf).
+DOCUMENTS = [
+    {"type": "object", "required": ["name", "n"], "properties": {
+        "name": {"type": "string"}, "n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}},
+    {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["v"], "properties": {
+        "v": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}}}}},
+    {"type": "array", "items": {"type": "object", "required": ["k", "on"], "additionalProperties": False,
+                                "properties": {"k": {"type": "string"}, "on": {"type": "boolean"}}}},
+    {"type": "object", "required": ["x"], "properties": {"x": {"anyOf": [
+        {"type": "integer", "minimum": 10}, {"type": "string", "enum": ["none", "some"]}]}}},
+]
+
+
+def pace(a: argparse.Namespace, tmp: Path) -> None:
+    """Whole-document requests at fewer steps than tokens (runner_api.chained), beside free ones:
+    per model and `steps` (G, G/4, G/8 for G = --length), 8 document requests (the DOCUMENTS
+    cycled, seeds 0-7) and 8 free ones (ignore_eos: all G tokens) in one batch, temperature 1, one
+    block of G (full canvas) or block 32: median steps a request of each, the ratio, validity,
+    the batch's wall time."""
+    G = a.length
+    print(f"pace: gen_length {G}, temperature 1, 8 document + 8 free requests a batch, CPU float32")
+    for name in filter(None, a.models.split(",")):
+        llm = load(name, tmp)
+        block = G if name == "celeris-tiny" else 32
+        for steps in (G, G // 4, G // 8):
+            p = replace(llm.defaults, gen_length=G, steps=steps, block_length=block, temperature=1.0)
+            docs = [llm.build(Request(prompt="JSON:", params=replace(p, seed=i),
+                                      structured=Structured("json_schema", DOCUMENTS[i % len(DOCUMENTS)])))
+                    for i in range(8)]
+            free = [llm.build(Request(prompt="Once upon a time", params=replace(p, seed=100 + i, ignore_eos=True)))
+                    for i in range(8)]  # the whole canvas, as the serving benchmark's free rows
+            t0 = time.perf_counter()
+            outs = llm.run(docs + free)
+            wall = time.perf_counter() - t0
+            ok = sum(check("json_schema", DOCUMENTS[i % len(DOCUMENTS)], o.text) for i, o in enumerate(outs[:8]))
+            d, f = statistics.median(s.nfe for s in docs), statistics.median(s.nfe for s in free)
+            print(f"  {name:18s} steps {steps:4d}: document {d:6.1f} steps, free {f:6.1f} ({d / f:.2f}x), "
+                  f"valid {ok}/8, {wall:.1f} s", flush=True)
+
+
 def serving(a: argparse.Namespace, tmp: Path) -> None:
     """`celeris serve` in its own process and the clients in another (bench_serving's), per model:
     concurrency 16, the workloads interleaved in each repeat, medians of --repeats, and each
@@ -350,6 +392,8 @@ def main() -> None:
     ap.add_argument("--serving", action="store_true",
                     help="only the serving cost: `celeris serve` per model in --models, concurrency 16, "
                          "free vs constrained side by side (see serving())")
+    ap.add_argument("--pace", action="store_true",
+                    help="only the document path's steps at fewer steps than tokens, beside free requests (pace())")
     ap.add_argument("--requests", type=int, default=32, help="--serving: requests a run")
     ap.add_argument("--threads", type=int, default=2, help="--serving: the server's torch threads")
     ap.add_argument("--kv-cache", default="dual", choices=("none", "prefix", "dual"))
@@ -357,9 +401,9 @@ def main() -> None:
                                                           "tokens give the text-bearing count)")
     a = ap.parse_args()
     torch.set_num_threads(2)
-    if a.serving:
+    if a.serving or a.pace:
         with tempfile.TemporaryDirectory() as tmp:
-            serving(a, Path(tmp))
+            (serving if a.serving else pace)(a, Path(tmp))
         return
     with tempfile.TemporaryDirectory() as tmp:  # not under inference_mode: a served LLM's tensors must be normal
         validity(a, Path(tmp))
