@@ -176,15 +176,18 @@ def segment(tokens: Tokens, m: Optional[llguidance.LLMatcher], data: bytes) -> O
         out.append(tokens.spell[data[back[i]:i]])
         i = back[i]
     out.reverse()
-    return out if m is None or accepts(m, out) else None
+    return out if m is None or accepts(m, out, tokens.eos) else None
 
 
-def accepts(m: llguidance.LLMatcher, path: list[int]) -> bool:
-    """Whether m's state takes every token of `path` and then accepts (m is left as it was)."""
-    if m.validate_tokens(path) != len(path):
-        return False
-    c = m.deep_copy()
-    return c.consume_tokens(path) and c.is_accepting()
+def accepts(m: llguidance.LLMatcher, path: list[int], eos: int) -> bool:
+    """Whether m's state takes every token of `path` and then accepts (m is left as it was): the
+    stop token `eos` is committable after them, which llguidance allows exactly in an accepting
+    state. One validation, no copy of the matcher and no consuming: the closer's checks ask this
+    of most allowed tokens at every front, and consuming a copy cost 15x more. An empty path asks
+    the state itself (a matcher that has stopped validates nothing, not even its stop token)."""
+    if not path:
+        return m.is_accepting()
+    return m.validate_tokens([*path, eos]) == len(path) + 1
 
 
 def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,

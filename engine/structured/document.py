@@ -150,7 +150,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
     def completion(self, matcher: llguidance.LLMatcher, limit: int) -> Optional[list[int]]:
         """The completion of the matcher's state (remembered until a token leaves it), or None if
         it needs more than `limit` tokens."""
-        if self._unsure and self.path is not None and not accepts(matcher, self.path):
+        if self._unsure and self.path is not None and not accepts(matcher, self.path, self.t.eos):
             self.path = None
         self._unsure = False
         if self.path is None:
@@ -190,11 +190,11 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
         probes = text[np.linspace(0, text.size - 1, min(PROBES, text.size)).astype(int)]
         if len(path) + TEXT_ZONE < room and all(self._fits(matcher, path, int(t), room) for t in probes):
             return  # far from the end and the text decides nothing seen: plain text stays
-        for k, t in enumerate(map(int, text)):
-            if k >= MAX_TEXT_CHECKS:
-                self._clear(words, t)
-            else:
-                self._keep_or_clear(matcher, path, t, room, words)
+        for t in map(int, text[:MAX_TEXT_CHECKS]):
+            self._keep_or_clear(matcher, path, t, room, words)
+        if text.size > MAX_TEXT_CHECKS:  # the rest left out at once (hundreds near the end)
+            rest = text[MAX_TEXT_CHECKS:].astype(np.int64)
+            np.bitwise_and.at(words, rest >> 5, ~np.left_shift(np.uint32(1), (rest & 31).astype(np.uint32)))
 
     def _keep_or_clear(self, matcher: llguidance.LLMatcher, path: list[int], t: int, room: int,
                        words: np.ndarray) -> None:
@@ -220,7 +220,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
                      ) -> Optional[list[int]]:
         """A completion after token t: the current one if it still ends the document after t, the
         rest of its bytes if they go on from t's, else a new shortest one (within `limit`)."""
-        if len(path) <= limit and accepts(matcher, [t] + path):
+        if len(path) <= limit and accepts(matcher, [t] + path, self.t.eos):
             return path
         m = matcher.deep_copy()
         if not m.consume_token(t):
@@ -231,7 +231,7 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
         if got.startswith(tb) and (len(got) > len(tb) or k < len(path)):
             head = segment(self.t, None, got[len(tb):]) if len(got) > len(tb) else []
             rest = None if head is None else head + path[k:]
-            if rest is not None and len(rest) <= limit and accepts(m, rest):
+            if rest is not None and len(rest) <= limit and accepts(m, rest, self.t.eos):
                 return rest
         if self._searches >= FULL_CHECKS:
             return None

@@ -258,3 +258,40 @@ def test_a_matcher_raising_in_the_fast_forward_fails_its_own_request_by_name(com
     c._matchers[0] = _Broken(c._matchers[0])
     with pytest.raises(InvalidRequest, match="the constraint library failed"):
         c.window(list(range(8)))
+
+
+@pytest.mark.parametrize("schema", [FAR, BRANCH, ITEMS], ids=["far", "branch", "items"])
+def test_accepts_by_validation_equals_consuming_a_copy(compiler, schema):
+    """completion.accepts asks llguidance whether the stop token is committable after a path (one
+    validation) instead of consuming the path on a copy and asking is_accepting: the same answer
+    on every path tried, from states along random walks (short and long, ending documents or not)."""
+    from celeris.engine.structured.completion import accepts
+
+    rng = random.Random(3)
+    eos = compiler.tok.eos_id
+    c = Constraint(compiler.compile(Structured("json_schema", schema, "s"), 256), compiler)
+    m = c._matchers[0]
+    words = np.zeros(c.words, dtype=np.uint32)
+    checked = agreed_true = 0
+    for _ in range(120):
+        m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+                   if t < compiler.vocab_size and t != eos]
+        if not allowed:
+            break
+        probe, walk = m.deep_copy(), []
+        for _ in range(rng.randrange(0, 40)):  # a path from here, along what the grammar allows
+            probe.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            nxt = [int(t) for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+                   if t < compiler.vocab_size and t != eos]
+            if not nxt:
+                break
+            walk.append(rng.choice(nxt))
+            probe.consume_token(walk[-1])
+        for path in (walk, walk[:len(walk) // 2], walk + [rng.randrange(compiler.vocab_size)], []):
+            copy = m.deep_copy()
+            slow = m.validate_tokens(path) == len(path) and copy.consume_tokens(path) and copy.is_accepting()
+            assert accepts(m, path, eos) == slow, path
+            checked, agreed_true = checked + 1, agreed_true + slow
+        assert m.consume_token(rng.choice(allowed))
+    assert checked >= 20 and 1 <= agreed_true < checked  # both answers were met
