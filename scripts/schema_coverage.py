@@ -167,14 +167,16 @@ def http_outcomes(llm: LLM, jobs: list, params) -> list[tuple[Optional[str], str
                 return None, "refused", str(e)[:160]
             return c.message.content, c.finish_reason, None
 
-        done, lock, t0 = [0], threading.Lock(), time.perf_counter()
+        done, good, lock, t0 = [0], [0], threading.Lock(), time.perf_counter()
 
-        def counted(job):
+        def counted(job):  # progress with the running validity, so a run cut short still tells
             out = one(job)
+            ok = out[1] != "refused" and validates(job[0]["schema"], out[0] or "") is None
             with lock:
-                done[0] += 1
+                done[0], good[0] = done[0] + 1, good[0] + ok
                 if done[0] % 50 == 0 or done[0] == len(jobs):
-                    print(f"  {done[0]}/{len(jobs)} answered, {time.perf_counter() - t0:.0f} s", flush=True)
+                    print(f"  {done[0]}/{len(jobs)} answered, {good[0]} valid, {time.perf_counter() - t0:.0f} s",
+                          flush=True)
             return out
 
         with ThreadPoolExecutor(16) as pool:
