@@ -15,15 +15,19 @@ llguidance's compile %, Celeris accepted %, the share on each path (skeleton / d
 most common refusal reasons. --generate N decodes N accepted schemas (stratified over subsets) x
 --seeds with the model (embedded name or folder), validates each output with jsonschema (the draft
 the schema names, formats checked) and prints validity %, and how many ran out of max_tokens.
---door http sends the same requests to a server started in this process (gRPC and HTTP on free
-ports, scripts/structured_doors.py) through the official openai SDK: chat completions with
-`response_format` json_schema strict, max_tokens = --gen-length, 16 at a time.
+`multipleOf` is checked as JSON Schema defines it, in exact decimal arithmetic (jsonschema
+divides floats: 4.6 is not a multiple of 0.01 there); outputs only jsonschema's own check rejects
+are counted and printed apart. --door http sends the same requests to a server started in this
+process (gRPC and HTTP on free ports, scripts/structured_doors.py) through the official openai
+SDK: chat completions with `response_format` json_schema strict, max_tokens = --gen-length, 16 at
+a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import decimal
 import json
 import re
 import sys
@@ -108,13 +112,34 @@ def report(results: list[dict]) -> None:
         print(f"  {k:>5}  {reason}")
 
 
-def validates(schema: Any, text: str) -> Optional[str]:
-    """None if the text is JSON valid under the schema (its own draft, formats checked)."""
+def exact_multiple_of(validator, divisor, instance, schema):
+    """`multipleOf` as JSON Schema defines it: the division's result is an integer, in exact
+    decimal arithmetic on the numbers as written. jsonschema divides floats, so 4.6 is not a
+    multiple of 0.01 there (4.6 / 0.01 = 459.99999999999994)."""
+    import jsonschema
+
+    if not validator.is_type(instance, "number"):
+        return
+    with decimal.localcontext() as ctx:
+        ctx.prec = 2000  # exact for any exponents JSON numbers that parse to finite floats have
+        try:
+            whole = decimal.Decimal(repr(instance)) % decimal.Decimal(repr(divisor)) == 0
+        except decimal.InvalidOperation:  # an infinite instance (1e400 parses to inf)
+            whole = False
+    if not whole:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
+
+
+def validates(schema: Any, text: str, exact: bool = True) -> Optional[str]:
+    """None if the text is JSON valid under the schema (its own draft, formats checked), with
+    `multipleOf` in exact decimal arithmetic (`exact_multiple_of`), or as jsonschema has it."""
     import jsonschema
 
     try:
         value = json.loads(text)
         cls = jsonschema.validators.validator_for(schema)
+        if exact:
+            cls = jsonschema.validators.extend(cls, {"multipleOf": exact_multiple_of})
         cls(schema, format_checker=cls.FORMAT_CHECKER).validate(value)
     except Exception as e:  # noqa: BLE001 (any failure is an invalid output, printed)
         return f"{type(e).__name__}: {str(e)[:100]}"
@@ -191,7 +216,7 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
             by[r["subset"]].append(r)
     pool = [rs[i] for i in range(max(map(len, by.values()), default=0)) for rs in by.values() if i < len(rs)][:n]
     jobs = [(r, s) for r in pool for s in range(seeds)]
-    valid, length, failed = collections.Counter(), 0, []
+    valid, length, failed, floats = collections.Counter(), 0, [], []
     steps = steps or gen_length  # fewer: each slot chains several positions a step (runner_api.chained)
     params = replace(llm.defaults, gen_length=gen_length, steps=steps, block_length=32, temperature=1.0)
     t0 = time.perf_counter()
@@ -203,6 +228,8 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
             continue
         why = f"failed: {err}"[:160] if err else validates(r["schema"], text or "")
         valid[r["path"], why is None] += 1
+        if why is None and (float_only := validates(r["schema"], text or "", exact=False)):
+            floats.append((r["subset"], r["name"], s, float_only))
         length += finish == "length"
         if why:
             failed.append((r["subset"], r["name"], s, finish, why))
@@ -217,6 +244,9 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
         print(f"  {path}: {good}/{good + bad} valid")
     for f in failed[:20]:
         print("  invalid:", *f)
+    print(f"  of the valid, jsonschema's own (float) multipleOf rejects {len(floats)}")
+    for f in floats[:20]:
+        print("  float multipleOf only:", *f)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -63,3 +63,22 @@ def test_coverage_and_a_validated_sample(tmp_path, capsys, door):
     assert "valid 8/8 (100.0%), ran out of max_tokens 0" in out, out
     if door == "http":  # progress carries the running validity
         assert "8/8 answered, 8 valid" in out, out
+
+
+def test_multiple_of_is_checked_in_exact_decimals():
+    """4.6 is a multiple of 0.01 (JSON Schema: the division's result is an integer); jsonschema's
+    float division says 459.99999999999994. The exact check agrees with it everywhere else."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from schema_coverage import validates
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    cents = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.01}}}
+    assert validates(cents, '{"p": 4.6}') is None
+    assert validates(cents, '{"p": 4.6}', exact=False) is not None  # jsonschema's float artefact
+    for bad in ('{"p": 4.605}', '{"p": 1e400}', '{"p": 0.001}'):
+        assert validates(cents, bad) is not None, bad
+    for good in ('{"p": 0}', '{"p": -12.34}', '{"p": 7}', '{"p": 1.5e3}'):
+        assert validates(cents, good) is None and validates(cents, good, exact=False) is None, good
+    assert validates({"type": "integer", "multipleOf": 3}, "10") is not None
+    assert validates({"type": "integer", "multipleOf": 3}, "12") is None
