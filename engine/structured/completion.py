@@ -184,7 +184,9 @@ def accepts(m: llguidance.LLMatcher, path: list[int], eos: int) -> bool:
     stop token `eos` is committable after them, which llguidance allows exactly in an accepting
     state. One validation, no copy of the matcher and no consuming: the closer's checks ask this
     of most allowed tokens at every front, and consuming a copy cost 15x more. An empty path asks
-    the state itself (a matcher that has stopped validates nothing, not even its stop token)."""
+    the state itself: validating the stop token alone was refused in 6 of 97k accepting states
+    met in decoding. Where that happens after a path the answer is a safe "no" (the closer then
+    searches or leaves the token out), never a false "yes"; none was met over 184k paths."""
     if not path:
         return m.is_accepting()
     return m.validate_tokens([*path, eos]) == len(path) + 1
