@@ -144,15 +144,15 @@ def isolate(candidate: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return candidate & ~bad[:, None]
 
 
-def structure_row(constraint: Optional[object], first: int, width: int, W: int, params: Optional[SamplingParams] = None
+def structure_row(constraint: Optional[object], first: int, width: int, W: int, params: SamplingParams
                   ) -> Optional[tuple[object, list[int], int]]:
     """A row's entry in `select_step`'s `constraints`: None when unconstrained, else its
     constraint, the output position of each of the W window columns (`first` on, `width` of
     them; -1 past them), and how many more positions each slot may commit after its front this
-    step (`chain_rounds`; 0 without `params`)."""
+    step (`chain_rounds` of the row's `params`)."""
     if constraint is None:
         return None
-    return constraint, [first + j if j < width else -1 for j in range(W)], 0 if params is None else chain_rounds(params)
+    return constraint, [first + j if j < width else -1 for j in range(W)], chain_rounds(params)
 
 
 def chain_rounds(p: SamplingParams) -> int:
