@@ -13,6 +13,7 @@ tokens, so a document's length is its token count, not its bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import llguidance
@@ -44,6 +45,24 @@ _INSIDE = b'"' + _LETTERS + _PRINTABLE
 # that separate a format's parts first (email's @, a host's dots, a URI's colon), when the last
 # two bytes are not one of them (a part of at least two characters: a top-level domain's).
 _SEPARATORS = b'@.-:/_ '
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a schema suggests the search try (examples.hints builds it; the matcher checks every
+    try, so a wrong hint costs one validation, never a wrong document).
+    `strings`: string contents worth trying where a string does not end greedily (its patterns'
+    examples), shortest first. `keys`: the property names some object of the schema requires, as
+    JSON string contents in bytes order, each with its rank (lower is tried first: never optional
+    anywhere, then shorter). At a key's first byte the search writes the best-ranked one the grammar
+    takes there: llguidance keeps a schema's property order, so the keys allowed before an
+    object's next required key are its optional ones, which the greedy byte order would write (an
+    optional key first in the alphabet, a recursive one forever)."""
+    strings: tuple[bytes, ...] = ()
+    keys: tuple[tuple[bytes, tuple[bool, int]], ...] = ()
+
+
+NO_HINTS = Hints()
 
 
 class OutOfFuel(Exception):
@@ -144,19 +163,20 @@ class Tokens:
 
 
 def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-             max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL, hints: tuple[bytes, ...] = ()
+             max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL, hints: Hints = NO_HINTS
              ) -> Optional[list[int]]:
     """The fewest tokens found that take m's state to the document's end (m is left as it was),
     or None if none within `limit` tokens (or `max_bytes` bytes) is found. OutOfFuel if the
-    search takes more than `fuel` matcher operations. `hints`: string contents worth trying where
-    a string does not end greedily (examples.hints: the schema's patterns' examples)."""
+    search takes more than `fuel` matcher operations. `hints`: what the schema suggests trying
+    (Hints); where the search with its keys finds nothing, it is tried once more without them."""
     max_bytes = min(max_bytes, limit * tokens.longest)
     budget = Fuel(fuel)
-    for order in (tokens.separated, tokens.inside, tokens.numeric):
-        path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget, hints)
-        if path is not None:
-            best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
-            return best if len(best) <= limit else None
+    for tried in (hints, replace(hints, keys=())) if hints.keys else (hints,):
+        for order in (tokens.separated, tokens.inside, tokens.numeric):
+            path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget, tried)
+            if path is not None:
+                best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
+                return best if len(best) <= limit else None
     return None
 
 
@@ -193,23 +213,31 @@ def accepts(m: llguidance.LLMatcher, path: list[int], eos: int) -> bool:
 
 
 def _bytes(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
-           inside: list[int], fuel: Fuel, hints: tuple[bytes, ...] = ()) -> Optional[list[int]]:
+           inside: list[int], fuel: Fuel, hints: Hints = NO_HINTS) -> Optional[list[int]]:
     """A short completion of m's state as single-byte tokens (m is consumed): greedily the first
     token in the scan's byte order that the grammar allows (a token repeating itself, or a run of
     digits inside a string, tried last: '57.000...' would go on forever), else the lowest allowed
-    token; a string still open after STRING_GREEDY bytes is ended by `_string_end` from where it
-    began instead (one of `hints` first). None if it needs more than `limit` bytes or none is found."""
+    token; at a key's first byte the best-ranked required key the grammar takes (`_key`) instead;
+    a string still open after STRING_GREEDY bytes is ended by `_string_end` from where it began
+    instead (one of the hints' strings first). None if it needs more than `limit` bytes or none is
+    found."""
     out: list[int] = []
     opened: Optional[tuple[llguidance.LLMatcher, Scan, int]] = None  # at the open string's first byte
     while not m.is_accepting():
         if len(out) >= limit:
             return None
+        if hints.keys and scan.key and scan.string and scan.length == 0:
+            key = _key(tokens, m, hints.keys, fuel)
+            if key is not None and m.consume_tokens(key):
+                out += key
+                scan.feed(b"".join(tokens.bytes[t] for t in key))
+                continue
         if scan.string and opened is None:
             opened = (m.deep_copy(), scan.copy(), len(out))
         elif not scan.string:
             opened = None
         if opened is not None and len(out) - opened[2] == STRING_GREEDY:
-            end = _hinted_end(tokens, opened[0], opened[1], hints, fuel) or _string_end(
+            end = _hinted_end(tokens, opened[0], opened[1], hints.strings, fuel) or _string_end(
                 tokens, opened[0], opened[1], scratch, fuel)
             if end is not None:  # the greedy bytes of this string are replaced by the fewest found
                 m, scan, out, opened = end[0], end[1], out[:opened[2]] + end[2], None
@@ -236,6 +264,33 @@ def _next_byte(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, out: list[in
     if t is None:
         t = next((t for t in order if t in later and _valid(m, t, fuel)), None)
     return _lowest(m, tokens.eos, scratch) if t is None else t
+
+
+def _key(tokens: Tokens, m: llguidance.LLMatcher, keys: tuple[tuple[bytes, tuple[bool, int]], ...], fuel: Fuel
+         ) -> Optional[list[int]]:
+    """At a key's first byte: the best-ranked of `keys` (Hints.keys) that the grammar takes here
+    with its closing quote, as single-byte tokens, or None. The names are in bytes order, so one
+    refused at its n-th byte rules out the names after it that share its first n + 1 bytes: about
+    one validation for each byte the grammar refuses, not one a name."""
+    quote = tokens.spell.get(b'"')
+    best: Optional[list[int]] = None
+    best_rank: Optional[tuple[bool, int]] = None
+    dead: Optional[bytes] = None  # the prefix of the last refused name, up to its refused byte
+    for name, rank in keys:
+        if dead is not None and name.startswith(dead):
+            continue
+        if best_rank is not None and rank >= best_rank:
+            continue
+        path = [tokens.spell.get(name[i:i + 1]) for i in range(len(name))] + [quote]
+        if None in path:
+            continue
+        n = m.validate_tokens(path)
+        fuel.spend(n + 1)
+        if n == len(path):
+            best, best_rank = path, rank
+        else:  # refused at byte n; at the quote (n == len(name)) only this name is ruled out: `id`, not `identifier`
+            dead = (name + b'"')[:n + 1]
+    return best
 
 
 def _valid(m: llguidance.LLMatcher, t: int, fuel: Fuel) -> bool:

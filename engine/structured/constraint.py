@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.engine.structured.completion import COMPILE_FUEL, OutOfFuel
+from celeris.engine.structured.completion import COMPILE_FUEL, NO_HINTS, Hints, OutOfFuel
 from celeris.engine.structured.document import MAX_SHORTEST, Closer, Scan, Tokens, document_grammar, grammar_text, \
     locate, shortest
-from celeris.engine.structured.examples import hints as string_hints
+from celeris.engine.structured.examples import hints as schema_hints
 from celeris.engine.structured.masks import unpack
 from celeris.engine.structured.regexes import RegexError, literal, max_width
 from celeris.engine.structured.schema import SchemaError, Text, compile_schema, json_object_slot
@@ -94,7 +94,7 @@ class SlotSpec:
     filler: int
     path: str = ""  # the field or schema path it serves, named in its errors
     forced: bool = False  # positions the grammar forces commit in the same step (the document path)
-    hints: tuple[bytes, ...] = ()  # a forced slot's string examples for its closing (examples.hints)
+    hints: Hints = NO_HINTS  # what a forced slot's closing may try (examples.hints)
 
 
 @dataclass(frozen=True)
@@ -246,25 +246,25 @@ class Compiler:
         problem = self._verdict(grammar, "")
         return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
 
-    def _document_check(self, text: str) -> tuple[str, str, int, tuple[bytes, ...]]:
+    def _document_check(self, text: str) -> tuple[str, str, int, Hints]:
         """(grammar, why it cannot be served or "", the fewest tokens its shortest document takes
-        as the closing writes it, completion.shortest; -1 if none is found; the string examples
-        its closing tries, examples.hints) of a schema's JSON text (remembered)."""
+        as the closing writes it, completion.shortest; -1 if none is found; what its closing tries,
+        examples.hints) of a schema's JSON text (remembered)."""
         try:
             schema = json.loads(text)
             grammar = document_grammar(schema)
         except ValueError as e:
-            return "", f"the constraint library refuses it: {str(e)[:200]}", 0, ()
+            return "", f"the constraint library refuses it: {str(e)[:200]}", 0, NO_HINTS
         problem = self._verdict(grammar, "")
         if problem:
-            return grammar, problem, 0, ()
-        m, hints = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS), string_hints(schema)
+            return grammar, problem, 0, NO_HINTS
+        m, hints = llguidance.LLMatcher(self.ll, grammar, limits=LIMITS), schema_hints(schema)
         try:
             path = shortest(self.tokens, m, Scan(), MAX_SHORTEST, np.zeros((self.vocab_size + 31) // 32, np.uint32),
                             fuel=COMPILE_FUEL, hints=hints)
         except OutOfFuel:
             return grammar, (f"its shortest document was not found within the search budget ({COMPILE_FUEL:,} "
-                             "grammar steps)"), 0, ()
+                             "grammar steps)"), 0, NO_HINTS
         return grammar, "", -1 if path is None else len(path), hints  # -1: none found (refused)
 
     def _grammar(self, regex: str, f: str, within: Optional[str] = None) -> str:

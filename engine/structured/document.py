@@ -23,7 +23,8 @@ from typing import Iterator, Optional
 import llguidance
 import numpy as np
 
-from celeris.engine.structured.completion import MAX_SHORTEST, TOKEN_FUEL, OutOfFuel, Scan, Tokens, accepts, segment, shortest  # noqa: F401
+from celeris.engine.structured.completion import (  # noqa: F401 (MAX_SHORTEST: re-exported)
+    MAX_SHORTEST, NO_HINTS, TOKEN_FUEL, Hints, OutOfFuel, Scan, Tokens, accepts, segment, shortest)
 from celeris.engine.structured.formats import exact_formats
 
 # Overrides (applied after the schema's own x-guidance): nothing a client sends relaxes these.
@@ -110,8 +111,8 @@ first; a token past them is left out). Plain text inside a string (no quote, no 
     an anyOf branch), all of them are, as near the end. When the completion plus CLOSE_MARGIN
     reaches the room left, only its next token is allowed."""
 
-    def __init__(self, tokens: Tokens, words: int, hints: tuple[bytes, ...] = ()):
-        self.t, self.hints = tokens, hints  # hints: examples.hints of the schema (strings worth trying)
+    def __init__(self, tokens: Tokens, words: int, hints: Hints = NO_HINTS):
+        self.t, self.hints = tokens, hints  # examples.hints of the schema: strings and keys worth trying
         self.scan = Scan()
         self.path: Optional[list[int]] = None  # the completion of the matcher's current state, if known
         self._after: dict[int, list[int]] = {}  # the completion after each token the last check kept

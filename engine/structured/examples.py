@@ -1,4 +1,5 @@
-"""Short strings a schema's `pattern`s match: hints for ending a string (completion.py).
+"""What a schema suggests the closing's search try (completion.Hints): short strings its
+`pattern`s match, for ending a string, and the property names its objects require, for keys.
 
 The completion search ends an open string breadth first over the grammar's states, letting one
 letter of each case and one digit stand for the rest; a pattern that needs particular bytes
@@ -8,6 +9,12 @@ its syntax) into the shortest string it matches, lengthened through its repeats 
 not anchored, padded) to the `minLength` beside it. They are only hints: the search tries each
 from where the string began and keeps it only if the grammar's matcher takes its bytes and the
 closing quote, so a wrong guess (a lookahead, a flag) costs one try, never a wrong document.
+
+The keys are every name some object lists in `required` (the first MAX_KEYS met), ranked: names
+never listed as optional anywhere first, then shorter. The search takes, at a key's first byte,
+the best-ranked one the grammar allows there; since llguidance keeps the schema's property order,
+an object's next required key is allowed there beside the optional keys before it, and those
+optional ones are required nowhere (or rank lower unless optional elsewhere too).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import warnings
 from itertools import islice
 from typing import Iterator, Optional
 
+from celeris.engine.structured.completion import Hints
 from celeris.engine.structured.document import walk
 
 try:  # Python 3.11+: the regex parser's modules (private, stable since 2.x under sre_* names)
@@ -28,6 +36,7 @@ except ImportError:  # pragma: no cover (3.10)
     import sre_parse as sre
 
 MAX_PATTERNS = 64  # patterns read per schema (the first ones met)
+MAX_KEYS = 512  # required property names read per schema (the first ones met)
 MAX_EXAMPLE = 256  # characters: a longer example is no hint
 _PICK = "a0A_-. "  # the first of these a negated class allows stands for it
 _CATEGORY = {C.CATEGORY_DIGIT: "0", C.CATEGORY_NOT_DIGIT: "a", C.CATEGORY_WORD: "a", C.CATEGORY_NOT_WORD: "-",
@@ -42,15 +51,40 @@ class _Unsupported(Exception):
     pass
 
 
-def hints(schema: object) -> tuple[bytes, ...]:
-    """The JSON string contents (UTF-8, escaped as JSON writes them, without quotes) of a short
-    example of each `pattern` in the schema, shortest first, each once."""
+def hints(schema: object) -> Hints:
+    """The schema's hints (module docstring): `strings`, a short example of each `pattern`,
+    shortest first, each once; `keys`, the required property names with their ranks, in bytes
+    order. Both as JSON string contents (UTF-8, escaped as JSON writes them, without quotes)."""
     out: dict[bytes, None] = {}
     for node in _patterns(schema):
         text = example(node["pattern"], _int(node.get("minLength"), 0), _int(node.get("maxLength"), MAX_EXAMPLE))
         if text is not None:
-            out.setdefault(json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"))
-    return tuple(sorted(out, key=len))
+            out.setdefault(_contents(text))
+    return Hints(tuple(sorted(out, key=len)), required_keys(schema))
+
+
+def required_keys(schema: object) -> tuple[tuple[bytes, tuple[bool, int]], ...]:
+    """(name, rank) of each property name some object of the schema requires, in bytes order; the
+    rank is (whether some object lists it as optional, its length in characters)."""
+    required: dict[str, None] = {}
+    optional: set[str] = set()
+    for _, node in walk(schema, ""):
+        props, listed = node.get("properties"), node.get("required")
+        if not isinstance(props, dict):
+            continue
+        must = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+        for name in props:
+            if name in must:
+                if len(required) < MAX_KEYS:
+                    required.setdefault(name, None)
+            else:
+                optional.add(name)
+    return tuple(sorted((_contents(k), (k in optional, len(k))) for k in required))
+
+
+def _contents(text: str) -> bytes:
+    """A JSON string's contents as compact JSON writes them (UTF-8, without its quotes)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
 
 
 def example(pattern: str, min_len: int = 0, max_len: int = MAX_EXAMPLE) -> Optional[str]:

@@ -52,7 +52,7 @@ def test_lengths_come_from_repeats_then_padding_where_unanchored_and_are_bounded
 def test_hints_are_json_string_contents_shortest_first_each_once():
     schema = {"anyOf": [{"type": "string", "pattern": '^a"b\\\\$'}, {"pattern": "^é+$"},
                         {"items": {"pattern": "^é+$"}}, {"pattern": "^xyz$"}, {"pattern": 7}]}
-    assert hints(schema) == ("é".encode(), b"xyz", b'a\\"b\\\\')
+    assert hints(schema).strings == ("é".encode(), b"xyz", b'a\\"b\\\\')
 
 
 def test_a_pattern_that_needs_particular_bytes_is_served_and_every_output_validates(llm, compiler):
@@ -61,7 +61,7 @@ def test_a_pattern_that_needs_particular_bytes_is_served_and_every_output_valida
     reads as it does alone."""
     layout = compiler.compile(Structured("json_schema", NEEDY, "s"), 512)
     assert layout.path == "document" and 0 < layout.needed < 64
-    assert b".png" in layout.slots[0].hints
+    assert b".png" in layout.slots[0].hints.strings
 
     other = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
     decode_beside_free(llm, [(NEEDY, 64), (NEEDY, 96), (other, 32), (NEEDY, 160)])
