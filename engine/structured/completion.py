@@ -33,7 +33,8 @@ STEP_FUEL = 20_000
 TOKEN_FUEL = 5_000
 STRING_GREEDY = 48  # bytes a string may take greedily before its end is searched for breadth first
 STRING_DEPTH = 96  # bytes that search goes to
-STRING_WIDTH = 32  # matcher states it keeps a byte (distinct by their masks)
+STRING_WIDTH = 32  # matcher states it keeps a byte (distinct by the bytes they allow)
+MASK_VOCAB = 16384  # vocabularies up to this size: a mask is cheaper than validating each byte (_classes)
 _PRINTABLE = bytes(range(0x20, 0x7f))
 _LETTERS = bytes(range(0x61, 0x7b)) + bytes(range(0x30, 0x3a)) + bytes(range(0x41, 0x5b))
 # Bytes tried in order when writing the completion. Outside strings: close what is open, then
@@ -154,6 +155,9 @@ class Tokens:
         self.quoting = np.array([b'"' in x or b"\\" in x for x in self.bytes], dtype=bool)
         self.single = np.zeros(vocab, dtype=bool)
         self.single[list(one.values())] = True
+        # A single-byte token's class in the string search: one letter of each case and one digit stand for the rest.
+        self.kind = {t: "a" if b.islower() else "A" if b.isupper() else "0" if b.isdigit() else b
+                     for t, b in ((t, self.bytes[t]) for t in one.values())}
         special = {eos} | {t for t in range(vocab) if not self.bytes[t]}
         self.spell: dict[bytes, int] = {}
         for t in range(vocab):  # the lowest id of each byte string (special ids never spell text)
@@ -320,28 +324,18 @@ def _hinted_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, hints: tupl
 def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np.ndarray, fuel: Fuel
                 ) -> Optional[tuple[llguidance.LLMatcher, Scan, list[int]]]:
     """The fewest single-byte tokens found that end the string open in m's state (m is left as it
-    was): breadth first over the matcher's states, at most STRING_WIDTH a byte (states with the
-    same mask at the same depth counted once), at most STRING_DEPTH bytes. -> (the matcher and
-    scan after them, the tokens), or None."""
+    was): breadth first over the matcher's states, at most STRING_WIDTH a byte (states that allow
+    the same bytes at the same depth counted once), at most STRING_DEPTH bytes. -> (the matcher
+    and scan after them, the tokens), or None."""
     level = [(m.deep_copy(), scan, [])]
     for _ in range(STRING_DEPTH):
         seen, nxt = set(), []
         for mm, sc, path in level:
-            fuel.spend()
-            mm.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
-            key = scratch.tobytes()
+            key, allowed = _classes(tokens, mm, scratch, fuel)
             if key in seen:
                 continue
             seen.add(key)
-            bits = np.unpackbits(scratch.view(np.uint8), bitorder="little")[:tokens.vocab].view(bool)
-            allowed = set(np.flatnonzero(bits & tokens.single).tolist())
-            classes = set()  # one letter of each case and one digit stand for the rest (`"` first)
-            for t in tokens.inside:
-                b = tokens.bytes[t]
-                kind = "a" if b.islower() else "A" if b.isupper() else "0" if b.isdigit() else b
-                if t not in allowed or kind in classes:
-                    continue
-                classes.add(kind)
+            for t in allowed:
                 fuel.spend()
                 c, s = mm.deep_copy(), sc.copy()
                 if not c.consume_token(t):
@@ -356,6 +350,34 @@ def _string_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, scratch: np
             return None
         level = nxt
     return None
+
+
+def _classes(tokens: Tokens, m: llguidance.LLMatcher, scratch: np.ndarray, fuel: Fuel) -> tuple[object, list[int]]:
+    """The single-byte tokens m's state allows inside a string, one of each class (`"` first; one
+    letter of each case and one digit stand for the rest; any other byte is its own class), and
+    a key that tells states apart. On a small vocabulary one mask (the key: the mask); past
+    MASK_VOCAB a mask walks the whole vocabulary (~4 ms at 126k tokens against ~2 us a
+    validation), so each class is validated token by token instead (the key: the tokens found)."""
+    out, classes = [], set()
+    if tokens.vocab <= MASK_VOCAB:
+        fuel.spend()
+        m.unsafe_compute_mask_ptr(scratch.ctypes.data, scratch.nbytes)
+        key: object = scratch.tobytes()
+        bits = np.unpackbits(scratch.view(np.uint8), bitorder="little")[:tokens.vocab].view(bool)
+        ok = set(np.flatnonzero(bits & tokens.single).tolist())
+        for t in tokens.inside:
+            if t in ok and tokens.kind[t] not in classes:
+                classes.add(tokens.kind[t])
+                out.append(t)
+        return key, out
+    for t in tokens.inside:
+        if tokens.kind[t] in classes:
+            continue
+        fuel.spend()
+        if m.validate_tokens([t]):
+            classes.add(tokens.kind[t])
+            out.append(t)
+    return tuple(out), out
 
 
 def _repeating(tokens: Tokens, out: list[int]) -> set[int]:

@@ -17,7 +17,8 @@ import pytest
 
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.requests import Request
-from celeris.engine.structured.completion import Scan, segment, shortest
+from celeris.engine.structured import completion
+from celeris.engine.structured.completion import Fuel, Scan, segment, shortest
 from celeris.engine.structured.constraint import Compiler, Constraint, Structured, StructureError
 from tests.unit.structured.decoding import decode_beside_free, valid
 
@@ -130,6 +131,39 @@ def test_a_string_the_greedy_order_cycles_in_is_ended_by_search(compiler):
                                                           "properties": {"next": {"$ref": "#/$defs/node"}}}}}
     with pytest.raises(StructureError, match="no document of at most|search budget"):  # whichever ends first
         compiler.compile(Structured("json_schema", endless, "s"), 512)
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]{2}@[a-z]{2}#[0-9]{3}$", "^[A-Z]{3}-[0-9]{2}$", "^[0-9a-f]{8}-[0-9a-f]{4}$"])
+def test_the_string_search_validates_bytes_past_mask_vocab_as_a_mask_would_allow_them(compiler, monkeypatch,
+                                                                                      pattern):
+    """Past MASK_VOCAB the breadth-first search validates its bytes one by one instead of reading
+    them from a mask (a mask walks the whole vocabulary: ~4 ms at LLaDA's 126k tokens, where
+    decoding spent most of a step in these masks). Both ways find the same bytes at every state
+    along the way and the same end of the string."""
+    schema = {"type": "object", "required": ["id"], "properties": {"id": {"type": "string", "pattern": pattern},
+                                                                   "note": {"type": "string"}}}  # the document path
+    m = llguidance.LLMatcher(compiler.ll, compiler.compile(Structured("json_schema", schema, "s"), 512).slots[0].grammar)
+    assert m.consume_tokens(compiler.ll.tokenize_str('{"id":"'))
+    scan, scratch = Scan(), np.zeros((compiler.vocab_size + 31) // 32, np.uint32)
+    scan.feed(b'{"id":"')
+
+    def both(state):
+        masked = completion._classes(compiler.tokens, state, scratch, Fuel(100))[1]
+        monkeypatch.setattr(completion, "MASK_VOCAB", 0)
+        validated = completion._classes(compiler.tokens, state, scratch, Fuel(1000))[1]
+        monkeypatch.undo()
+        return masked, validated
+
+    masked_end = completion._string_end(compiler.tokens, m, scan, scratch, Fuel(10**6))
+    monkeypatch.setattr(completion, "MASK_VOCAB", 0)
+    validated_end = completion._string_end(compiler.tokens, m, scan, scratch, Fuel(10**6))
+    monkeypatch.undo()
+    assert masked_end is not None and validated_end is not None and masked_end[2] == validated_end[2]
+    state = m.deep_copy()
+    for t in masked_end[2]:
+        masked, validated = both(state)
+        assert masked == validated and t in masked
+        assert state.consume_token(t)
 
 
 def test_tight_canvases_validate_beside_a_free_request_and_another_schema(llm):
