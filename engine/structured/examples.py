@@ -12,9 +12,11 @@ closing quote, so a wrong guess (a lookahead, a flag) costs one try, never a wro
 
 The keys are every name some object lists in `required` (the first MAX_KEYS met), ranked: names
 never listed as optional anywhere first, then shorter. The search takes, at a key's first byte,
-the best-ranked one the grammar allows there; since llguidance keeps the schema's property order,
-an object's next required key is allowed there beside the optional keys before it, and those
-optional ones are required nowhere (or rank lower unless optional elsewhere too).
+the best-ranked one the grammar allows there. Since llguidance keeps the schema's property order,
+what it allows there is the object's next required key and the optional keys listed before it;
+an optional key is a candidate only if another object requires it, and then it ranks as optional.
+A wrong pick (the next required key is optional elsewhere, and a shorter one is too) only makes
+the document longer: the matcher checks every byte.
 """
 
 from __future__ import annotations
