@@ -276,7 +276,6 @@ def _key(tokens: Tokens, m: llguidance.LLMatcher, keys: tuple[tuple[bytes, tuple
     with its closing quote, as single-byte tokens, or None. The names are in bytes order, so one
     refused at its n-th byte rules out the names after it that share its first n + 1 bytes: about
     one validation for each byte the grammar refuses, not one a name."""
-    quote = tokens.spell.get(b'"')
     best: Optional[list[int]] = None
     best_rank: Optional[tuple[bool, int]] = None
     dead: Optional[bytes] = None  # the prefix of the last refused name, up to its refused byte
@@ -285,8 +284,8 @@ def _key(tokens: Tokens, m: llguidance.LLMatcher, keys: tuple[tuple[bytes, tuple
             continue
         if best_rank is not None and rank >= best_rank:
             continue
-        path = [tokens.spell.get(name[i:i + 1]) for i in range(len(name))] + [quote]
-        if None in path:
+        path = _closed(tokens, name)
+        if path is None:
             continue
         n = m.validate_tokens(path)
         fuel.spend(n + 1)
@@ -295,6 +294,13 @@ def _key(tokens: Tokens, m: llguidance.LLMatcher, keys: tuple[tuple[bytes, tuple
         else:  # refused at byte n; at the quote (n == len(name)) only this name is ruled out: `id`, not `identifier`
             dead = (name + b'"')[:n + 1]
     return best
+
+
+def _closed(tokens: Tokens, contents: bytes) -> Optional[list[int]]:
+    """A string's contents and its closing quote as single-byte tokens, or None where a byte has
+    no token of its own."""
+    path = [tokens.spell.get(contents[i:i + 1]) for i in range(len(contents))] + [tokens.spell.get(b'"')]
+    return None if None in path else path
 
 
 def _valid(m: llguidance.LLMatcher, t: int, fuel: Fuel) -> bool:
@@ -308,8 +314,8 @@ def _hinted_end(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, hints: tupl
     state, as single-byte tokens (m is left as it was): (the matcher and scan after them, the
     tokens), or None."""
     for hint in hints:
-        path = [tokens.spell.get(hint[i:i + 1]) for i in range(len(hint))] + [tokens.spell.get(b'"')]
-        if None in path:
+        path = _closed(tokens, hint)
+        if path is None:
             continue
         fuel.spend(len(path))
         if m.validate_tokens(path) != len(path):
