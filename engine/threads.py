@@ -145,6 +145,21 @@ def configure_switch_interval(seconds: float = SERVING_SWITCH_INTERVAL_S) -> Non
     sys.setswitchinterval(seconds)
 
 
+def gemm_rows_invariant(width: int = 256, rows: int = 64, align: int = 4) -> bool:
+    """Whether this process's float32 CPU matmul rounds each row the same at every row count that
+    is a multiple of `align` (the engine's ROW_ALIGN padding), as batch invariance needs: a
+    request's tokens alike alone and in any batch, a prompt's keys alike in any chunk. True under
+    MKL's strict reproducibility mode, which celeris.engine asks for at import (its docstring);
+    False when the environment chose another MKL_CBWR mode, or MKL ran before that import. A
+    few small GEMMs (well under a millisecond), at the process's current thread count."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(3 * width, width, generator=g), torch.randn(rows, width, generator=g)  # (3D, D), (R, D)
+    whole = x @ w.T  # (R, 3D)
+    return all(torch.equal(x[:n] @ w.T, whole[:n]) for n in range(align, rows, align))
+
+
 def in_daemon_thread(fn: Callable[[], None], name: str) -> concurrent.futures.Future:
     """Run fn() in a new daemon thread (one never joined must not hold the interpreter at exit);
     its future carries fn's end, exception included."""
@@ -217,5 +232,5 @@ class TensorThread:
         self._jobs.put(None)
 
 
-__all__ = ["in_daemon_thread", "available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
+__all__ = ["in_daemon_thread", "gemm_rows_invariant", "available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
            "TensorThread"]

@@ -1,6 +1,7 @@
 """The start-up summary of `celeris serve`: where to reach the server (gRPC target, HTTP base URL,
-web page, metrics), what it runs (model, device, dtype, torch threads), and a warning when the
-process has more torch threads than it can use.
+web page, metrics), what it runs (model, device, dtype, torch threads), and warnings when the
+process has more torch threads than it can use, or when its CPU matmuls would make a request's
+tokens depend on its batch (engine/__init__.py).
 
 A thread pool wider than the CPUs that are really free makes every step wait for its slowest
 thread: on a busy 2-CPU host a request took 24.5 s with the default threads and 0.84 s with
@@ -14,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from celeris.engine.threads import affinity_cpus, cgroup_cpu_quota
+from celeris.engine.threads import affinity_cpus, cgroup_cpu_quota, gemm_rows_invariant
 
 WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
@@ -80,3 +81,8 @@ def log_startup(log: Any, server: Any, settings: Any, llm: Any, threads: int,
     log.info("celeris.serving", **summary(server, settings, llm, threads))
     if llm.config.device == "cpu" and (warning := thread_warning(threads, cpus or CpuBudget.read())):
         log.warning("celeris.threads", message=warning, threads=threads)
+    if llm.config.device == "cpu" and not gemm_rows_invariant():
+        log.warning("celeris.batch_invariance", mkl_cbwr=os.environ.get("MKL_CBWR", ""), message=(
+            "float32 matmuls on this CPU round a row differently at different row counts, so a request's "
+            "tokens may depend on what it is batched with: unset MKL_CBWR (Celeris then asks MKL for "
+            "AUTO,STRICT) or set MKL_CBWR=AUTO,STRICT, and start no matmul before celeris is imported"))

@@ -187,3 +187,33 @@ def test_a_model_loaded_under_inference_mode_is_served_on_the_step_thread(tiny_m
 
     events = asyncio.run(go())
     assert events[-1].finished and events[-1].finish_reason.value in ("length", "stop")
+
+
+def _probe(env: dict[str, str]) -> list[str]:
+    """`gemm_rows_invariant` at 1 and 2 threads, in a fresh process with `env`; also MKL_CBWR as
+    celeris.engine left it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, torch, celeris.engine.threads as t\n"
+            "out = [os.environ.get('MKL_CBWR', '')]\n"
+            "for n in (1, 2):\n"
+            "    torch.set_num_threads(n)\n"
+            "    out += [str(t.gemm_rows_invariant()), str(t.gemm_rows_invariant(width=1024, rows=96))]\n"
+            "print(' '.join(out))\n")
+    base = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                          timeout=300, check=True)
+    return done.stdout.split()
+
+
+def test_importing_the_engine_makes_cpu_matmuls_round_rows_alike_at_any_row_count():
+    """What batch invariance rests on (engine/__init__.py). On an AVX-512 Intel host MKL's default
+    rounds rows below ~16 and some 2-thread shapes by row count; the strict mode set at import
+    does not. Checked in a fresh process, since MKL reads its mode once, at its first call."""
+    assert _probe({}) == ["AUTO,STRICT"] + ["True"] * 4
+
+
+def test_an_operators_mkl_mode_is_kept():
+    assert _probe({"MKL_CBWR": "AUTO"})[0] == "AUTO"

@@ -25,3 +25,32 @@ def test_threads_that_fit_say_nothing():
     assert thread_warning(3, CpuBudget(affinity=4, quota=None, load=0.5)) is None
     assert thread_warning(2, CpuBudget(affinity=16, quota=2.0, load=None)) is None
     assert thread_warning(1, CpuBudget(affinity=2, quota=None, load=9.0)) is None  # one thread cannot be fewer
+
+
+def test_matmuls_that_round_rows_by_batch_are_warned_about(monkeypatch):
+    from types import SimpleNamespace
+
+    from celeris.server import startup
+
+    class Log:
+        def __init__(self):
+            self.records: list[tuple[str, dict]] = []
+
+        def info(self, event, **kw):
+            self.records.append((event, kw))
+
+        warning = info
+
+    server = SimpleNamespace(port=50051, http=None, metrics_port=None)
+    settings = SimpleNamespace(host="", ssl_certfile=None, metrics_host=None, metrics_on_http=False,
+                               model_names=lambda name: [name])
+    llm = SimpleNamespace(name="m", config=SimpleNamespace(device="cpu", dtype="float32"))
+    quiet = CpuBudget(affinity=4, quota=None, load=0.0)
+    for invariant, warned in ((True, False), (False, True)):
+        monkeypatch.setattr(startup, "gemm_rows_invariant", lambda: invariant)
+        log = Log()
+        startup.log_startup(log, server, settings, llm, 1, quiet)
+        events = [e for e, _ in log.records]
+        assert ("celeris.batch_invariance" in events) is warned, events
+        if warned:
+            assert "MKL_CBWR=AUTO,STRICT" in dict(log.records)["celeris.batch_invariance"]["message"]
