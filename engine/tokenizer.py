@@ -82,6 +82,7 @@ class Tokenizer:
                 stop.add(tid)
         self.stop_ids = frozenset(stop)
         self.chat_template = tc.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self._templates: dict[str, object] = {}  # template text -> compiled (`_compiled`)
         self._special = frozenset({self.mask_id, self.eos_id, self.pad_id, *(i for i in [self.bos_id] if i is not None)})
         # The longest vocabulary entry bounds how much text one token can cover: a text longer
         # than max_prompt_tokens * this is too long before it is tokenized.
@@ -201,19 +202,32 @@ class Tokenizer:
         transformers renders it: `tools` (OpenAI-shaped dicts) and any `extra` variables (e.g.
         enable_thinking) passed in, a message's `tool_calls` (their arguments as objects where the
         client sent JSON text) and `tool` messages (`tool_call_id`, `name`) given to the template."""
-        import jinja2  # only chat requests pay for it
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         messages = [self._chat_message(m, i, None if contents is None else contents[i]) for i, m in enumerate(messages)]
         self._no_markup(tools, "tools")
-        env = ImmutableSandboxedEnvironment(keep_trailing_newline=True, undefined=jinja2.Undefined)
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
         specials = {"bos_token": self._tok.id_to_token(self.bos_id) if self.bos_id is not None else "",
                     "eos_token": self._tok.id_to_token(self.eos_id) or ""}
-        return env.from_string(self.chat_template).render(
+        return self._compiled(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, tools=list(tools) if tools else None,
             **specials, **extra)
+
+    def _compiled(self, template: str):
+        """The chat template compiled once (parsing and compiling one took ~4 ms, every request),
+        keyed by its text: `--chat-template` may replace it after load. Rendering a compiled
+        template is safe from several threads; two threads compiling the same one at once only
+        repeat work."""
+        compiled = self._templates.get(template)
+        if compiled is None:
+            import jinja2  # only chat requests pay for it
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(keep_trailing_newline=True, undefined=jinja2.Undefined)
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise
+            compiled = env.from_string(template)
+            if len(self._templates) >= 4:  # a template replaced more than a few times: keep the newest
+                self._templates.clear()
+            self._templates[template] = compiled
+        return compiled
 
     def _chat_message(self, m: object, i: int, content: object) -> dict:
         """One message as the template gets it; InvalidRequest naming it when it cannot be one."""

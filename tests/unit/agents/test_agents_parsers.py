@@ -149,6 +149,25 @@ def test_the_tokenizer_renders_tools_and_tool_turns(tiny):
         assert e.value.violations[0].field == field
 
 
+def test_a_chat_template_compiles_once_and_a_replaced_one_takes_effect(tiny, monkeypatch):
+    """Compiling the template cost ~4 ms a chat request; it is compiled once per template text, and
+    a template set after load (--chat-template) is the one rendered."""
+    import jinja2.sandbox
+
+    compiled = []
+    real = jinja2.sandbox.ImmutableSandboxedEnvironment.from_string
+    monkeypatch.setattr(jinja2.sandbox.ImmutableSandboxedEnvironment, "from_string",
+                        lambda env, source, *a, **k: compiled.append(source) or real(env, source, *a, **k))
+    tok = _tok(tiny, DEFAULT_CHAT_TEMPLATE)
+    hi = [{"role": "user", "content": "hi"}]
+    first = [tok.apply_chat_template(hi) for _ in range(3)] + [tok.apply_chat_template(hi, tools=TOOLS[:1])]
+    assert compiled == [DEFAULT_CHAT_TEMPLATE] and first[0] == first[1] == first[2]
+    tok.chat_template = "[{{ messages[0]['content'] }}]"
+    assert tok.apply_chat_template(hi) == "[hi]" and len(compiled) == 2
+    tok.chat_template = DEFAULT_CHAT_TEMPLATE
+    assert tok.apply_chat_template(hi) == first[0] and len(compiled) == 2
+
+
 def test_markers_that_are_special_tokens_are_matched_as_tokens(tiny):
     """Gemma 4's markers are special tokens in its vocabulary: a text literal never matches one,
     so the grammar writes them as token references when given the tokenizer's special markers."""
