@@ -232,5 +232,5 @@ class TensorThread:
         self._jobs.put(None)
 
 
-__all__ = ["in_daemon_thread", "gemm_rows_invariant", "available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
-           "TensorThread"]
+__all__ = ["in_daemon_thread", "available_cpus", "cgroup_cpu_quota", "affinity_cpus", "configure_threads", "serving_threads",
+           "TensorThread", "gemm_rows_invariant"]

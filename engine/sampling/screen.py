@@ -11,7 +11,7 @@ overflow, or underflow enough to matter) first has its maximum subtracted. The r
 bounded term by term with u = 2^-24 (`rel_quick`, per estimate: ~4e-6 for a row taken as it is,
 up to ~1e-5 more for a shifted one at a 126k vocabulary; measured ~2e-8):
 - each exp within 1 ulp (torch's vectorised float32 exp; glibc's for the tail), 2u relatively;
-  terms lost to underflow weigh under V 2^-149 / e^_LOW of the sum;
+  terms lost to underflow (flushed to zero or not) weigh under V 2^-126 / e^_LOW of the sum;
 - a run of `_RUN` non-negative terms summed in any order within (_RUN - 1) u; the float64 total
   of V / _RUN runs and the division add ~V 2^-53;
 - a shifted row only: the subtraction (one rounding in float32) moves a term e^-m by at most m u
@@ -127,7 +127,8 @@ def quick(rows: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     (`rel_quick`) against the published float64 softmax; NaN where it cannot be bounded (a row
     with a NaN or +inf, no finite logit, or a numerator below 2^-100)."""
     N, V = rows.shape
-    est, gap, shifted = torch.full((N,), float("nan"), dtype=torch.float64), torch.zeros(N), torch.zeros(N, dtype=torch.bool)
+    est = torch.full((N,), float("nan"), dtype=torch.float64)
+    gap, shifted = torch.zeros(N), torch.zeros(N, dtype=torch.bool)
     whole = V - V % _RUN
     step = max(1, _CHUNK // max(V, 1))
     for i in range(0, N, step):  # few passes: each op is a parallel region
@@ -170,8 +171,8 @@ def contenders(estimate: torch.Tensor, flat: torch.Tensor, B: int, W: int, scree
                bound: torch.Tensor) -> torch.Tensor:
     """(N,) bool over the candidates `flat` (N,) (b * W + w): those that need their published
     value: every candidate of an unscreened row, an estimate that is NaN, and those whose upper
-    bound (`bound` (N,): each estimate's relative error bound) reaches the row's cut (the need-th best lower bound, or the threshold
-    if lower)."""
+    bound (`bound` (N,): each estimate's relative error bound) reaches the row's cut (the need-th
+    best lower bound, or the threshold if lower)."""
     valid = estimate.isfinite()
     lo = torch.where(valid, estimate * (1 - bound), torch.full_like(estimate, float("-inf")))
     hi = torch.where(valid, estimate * (1 + bound), torch.full_like(estimate, float("inf")))
