@@ -9,11 +9,10 @@ tokens as the readable reference loop (engine/sampling/reference.py) where confi
 Confidences are computed in float64 over the window, as LLaDA's first published generate() and
 Fast-dLLM do: a trained model puts many positions at probability 1.0 in float32 (EOS tails),
 and float64 keeps them apart. On the CPU only the candidates that can commit get that softmax;
-the others are bounded below them (a float32 estimate with a certified error,
-then for 16-bit logits a table of exponentials where that cannot decide: engine/sampling/screen.py),
-which changes no commit and no reported value. Tie-break rule
-(batched): among equal confidences the lower canvas position is committed first (a stable
-descending sort).
+the others are bounded below them (a float32 estimate with a certified error, then for 16-bit
+logits a table of exponentials where that cannot decide: engine/sampling/screen.py), which
+changes no commit and no reported value. Tie-break rule (batched): among equal confidences the
+lower canvas position is committed first (a stable descending sort).
 
 Randomness is counter-based: the uniform number of (seed, step, position, vocab id) is a hash,
 so a request draws the same noise alone or inside any batch, on any device.

@@ -208,10 +208,10 @@ def _probe(env: dict[str, str]) -> list[str]:
     return done.stdout.split()
 
 
-def test_importing_the_engine_makes_cpu_matmuls_round_rows_alike_at_any_row_count():
+def test_importing_the_engine_makes_cpu_matmuls_round_rows_alike_at_every_padded_row_count():
     """What batch invariance rests on (engine/__init__.py). On an AVX-512 Intel host MKL's default
     rounds rows below ~16 and some 2-thread shapes by row count; the strict mode set at import
-    does not. Checked in a fresh process, since MKL reads its mode once, at its first call."""
+    does not (the probe: every multiple of the engine's ROW_ALIGN up to 64 and 96 rows). Checked in a fresh process, since MKL reads its mode once, at its first call."""
     assert _probe({}) == ["AUTO,STRICT"] + ["True"] * 4
 
 
