@@ -133,8 +133,11 @@ def nonfinite_rows(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """(B,) bool: rows whose logits (B, W, V) hold a NaN or +inf at a `real` (B, W) column (not
     padding, whose queries may see no key), read before selection masks anything to -inf. One
     reduction: a column's sum is NaN or +inf exactly then (-inf alone, which a model may write
-    for ids it never emits, sums to -inf)."""
-    total = logits.sum(dim=-1, dtype=torch.float32)  # (B, W)
+    for ids it never emits, sums to -inf). Summed in float32 (torch accumulates bfloat16 in it
+    too) and returned in the logits' dtype where that has float32's range: asking for a float32
+    result from bfloat16 logits took 1.1 ms at 32 x 126,464 against 0.17 (AVX-512, 2 threads).
+    float16 sums are returned in float32: a row of ordinary logits can sum past 65,504."""
+    total = logits.sum(dim=-1, dtype=torch.float32 if logits.dtype == torch.float16 else None)  # (B, W)
     return ((total.isnan() | (total == float("inf"))) & real).any(dim=1)
 
 

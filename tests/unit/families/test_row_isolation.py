@@ -126,3 +126,24 @@ def test_a_failed_row_streams_its_own_error_and_the_others_finish(llm):
     error = out.pop(2)
     assert isinstance(error, InvalidRequest) and error.violations[0].field == FIELD
     assert [list(g) for g in out] == alone
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_rows_with_a_nan_or_plus_inf_at_a_real_column_are_found_in_every_dtype(dtype):
+    """`nonfinite_rows`: a NaN or +inf at a real column fails its row; -inf (ids a model never
+    emits), large ordinary logits (a float16 row summing past 65,504) and padding columns do not."""
+    import torch
+
+    from celeris.engine.loop.runner_api import nonfinite_rows
+
+    B, W, V = 6, 3, 4096
+    logits = torch.randn(B, W, V, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
+    logits[0, 1, 7] = float("nan")
+    logits[1, 2, 9] = float("inf")
+    logits[2, 0, :100] = float("-inf")
+    logits[3] = 30.0  # 4,096 x 30 = 122,880: past float16's range as a sum
+    logits[4, 2, 5] = float("nan")  # at a padding column
+    logits[5, 0, 1], logits[5, 0, 2] = float("inf"), float("-inf")  # sums to NaN
+    real = torch.ones(B, W, dtype=torch.bool)
+    real[4, 2] = False
+    assert nonfinite_rows(logits, real).tolist() == [True, True, False, False, False, True]
