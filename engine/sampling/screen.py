@@ -61,7 +61,7 @@ _RUN = 32  # float32 terms summed before the float64 total (their rounding: (_RU
 _LOW, _HIGH = -30.0, 80.0  # a row whose maximum lies here is exponentiated as it is (`quick`)
 TABLE_DTYPES = (torch.bfloat16, torch.float16)
 SCREEN_DTYPES = (*TABLE_DTYPES, torch.float32)
-_TOP32 = 2.0 ** -100  # a quick numerator below (its logit > ~69 under the maximum) is not screened
+_NUMERATOR_MIN = 2.0 ** -100  # a quick numerator below (its logit > ~69 under the maximum) is not screened
 _FLOOR = 2.0 ** -850  # a row's sum below this (its maximum below e^-590) is not screened: underflow
 _SMALLEST = 1e-290  # estimates below: a numerator or quotient near float64's subnormals, not screened
 _CHUNK = 1 << 21  # logits gathered per pass (16 MiB of float64 terms)
@@ -144,7 +144,7 @@ def quick(rows: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         if whole < V:
             total += e[:, whole:].double().sum(-1)
         top = e.gather(1, at).squeeze(1)  # (n,) float32: the numerator
-        est[i:i + step] = torch.where(top >= _TOP32, top.double() / total, est[i:i + step])
+        est[i:i + step] = torch.where(top >= _NUMERATOR_MIN, top.double() / total, est[i:i + step])
     ok = est.isfinite()
     return (torch.where(ok, est, torch.full_like(est, float("nan"))),
             rel_quick(V, shifted, torch.where(ok, gap, 0.0)))
