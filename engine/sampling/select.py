@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 from celeris.engine.sampling.filters import filter_logits
 from celeris.engine.sampling.noise import gumbel_scores, position_hash, row_scores, sampled_argmax, uniform_noise
-from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, rows_at, screened, screening
+from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, picked, rows_at, screened, screening
 
 NEG_INF = float("-inf")
 SPARSE_DRAW = 8  # a sampled step hashes only the live tokens when under 1 in this many are
@@ -156,17 +156,24 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         vocab = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, batch.stop_ids, True)[:, :V]
         early = window.canvas_pos < batch.min_tokens[:, None]  # (B, W)
         scores = scores.masked_fill(early[..., None] & vocab[:, None, :], NEG_INF)
-    # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
-    free = first_argmax(scores) if batch.editing is not None else None
-    if scores is not None:  # committing the mask token would leave the position masked forever
-        x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
-    u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
     # Edits read the confidence of written positions too, so only a row set without editing limits
     # the float64 softmax to the candidates (and screens them: engine/sampling/screen.py).
     conf_logits, dtype = pick if rule.conf_after_filter else logits, rule.conf_dtype or logits.dtype
-    where = window.candidate if free is None else None
+    where = window.candidate if batch.editing is None else None
     screen = screening(batch, rule, conf_logits.dtype, dtype) if where is not None and logits.device.type == "cpu" \
         else None
+    # LLaDA2.1's edits take the model's pick as it is: an edit to the mask token re-opens a position.
+    free = first_argmax(scores) if batch.editing is not None else None
+    if screen is not None and scores is logits and pick is logits and conf_logits is logits:
+        # a greedy screened step: the candidates' picks and estimates from one copy of their rows;
+        # other positions keep their token (never read: only candidates commit or are provisional)
+        flat = where.reshape(-1).nonzero().squeeze(-1)  # (N,) b * W + w
+        picks, est, bound = picked(logits, flat, rule.mask_id)
+        x0 = window.tokens.reshape(-1).index_copy(0, flat, picks).view(B, W)
+        screen = replace(screen, estimated=(est, bound))
+    elif scores is not None:  # committing the mask token would leave the position masked forever
+        x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
+    u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
     conf = confidences(conf_logits, x0, batch.remask, u_random, dtype, batch.measures, where, screen)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request

@@ -72,14 +72,17 @@ def _logits(kind: str, B: int, W: int, V: int, seed: int, dtype=torch.bfloat16) 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kind", ["flat", "peaked", "ties"])
 @pytest.mark.parametrize("seed", range(4))
-def test_screened_steps_commit_and_report_what_the_full_softmax_does(kind, seed, dtype, monkeypatch):
+@pytest.mark.parametrize("sampled", [True, False])
+def test_screened_steps_commit_and_report_what_the_full_softmax_does(kind, seed, dtype, sampled, monkeypatch):
+    """A batch with a sampled row draws its picks apart (`select._drawn`); an all-greedy one takes
+    picks and estimates from one copy of the candidates' rows (`screen.picked`)."""
     B, W, V = 4, 16, 3001
     logits = _logits(kind, B, W, V, seed, dtype)
     g = torch.Generator().manual_seed(100 + seed)
     candidate = torch.rand(B, W, generator=g) < 0.7
     candidate[:, 0] = candidate[:, 1] = candidate[:, 4] = True
     rows = [(_params(), 1 + seed), (_params(threshold=0.0004 if kind == "flat" else 0.3), 1),
-            (_params(temperature=0.8, seed=seed), 2)]  # row 3 pads the bucket
+            (_params(temperature=0.8, seed=seed) if sampled else _params(), 2)]  # row 3 pads the bucket
     n_fast, n_full = _same(logits, rows, candidate, monkeypatch)
     if kind != "ties":
         assert n_fast < n_full  # the point: fewer float64 softmaxes
@@ -179,6 +182,46 @@ def test_candidates_closer_than_the_quick_bound_are_told_apart_by_the_table(monk
     assert est.isfinite().all()
     n_fast, n_full = _same(logits, [(_params(), 1)], candidate, monkeypatch)
     assert n_full == W and n_fast <= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("passes", [1, 3])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_picked_gives_the_greedy_pick_and_quicks_estimate_bit_for_bit(dtype, passes, sliced, monkeypatch):
+    """`picked` (one float32 copy of each candidate row for the argmax and the estimate) returns
+    what `_argmax_but` and `quick` give apart: the first maximum with the mask id excluded (a row
+    whose maximum, or NaN, is the mask id; ties; a NaN row; a row with nothing finite but the mask
+    id), the same estimates and bounds bit for bit (shifted rows too), whatever the rows per pass,
+    from a contiguous window or one sliced out of longer logits."""
+    import celeris.engine.sampling.screen as screen_mod
+
+    g = torch.Generator().manual_seed(9)
+    B, W, V = 2, 8, 4099  # V not a multiple of the run length: a tail
+    big = 200.0 if dtype == torch.float16 else 500.0
+    x = torch.cat([2 * torch.randn(1, W, V, generator=g), 4 * torch.randn(1, W, V, generator=g) + big])
+    x[0, 0, MASK] = 90  # the mask id is the maximum
+    x[0, 1, MASK] = NAN  # a NaN at the mask id only
+    x[0, 2, 17] = x[0, 2, 3000] = 95  # tied maxima: the first
+    x[0, 3, 40] = NAN  # a NaN row
+    x[0, 4] = -INF
+    x[0, 4, MASK] = 0.0  # nothing finite but the mask id
+    x[1, 5] -= 2 * big  # shifted the other way
+    x = x.to(dtype)
+    if sliced:  # positions 3..3+W of a longer canvas: no (B * W, V) view
+        x = torch.cat([torch.randn(B, 3, V, generator=g).to(dtype), x, torch.randn(B, 2, V, generator=g).to(dtype)], 1)
+        x = x[:, 3:3 + W]
+    flat = torch.tensor([0, 1, 2, 3, 4, 6, 7, 9, 12, 13, 15])  # candidates of both rows
+    monkeypatch.setattr(screen_mod, "_QUICK_CHUNK", max(1, flat.numel() // passes) * V)
+    before = x.clone()
+    picks, est, bound = screen_mod.picked(x, flat, MASK)
+    assert torch.equal(x.view(torch.int8), before.view(torch.int8))  # the caller's logits are untouched
+    want = sampler._argmax_but(x, MASK, None, in_place=False).reshape(-1)[flat]
+    assert torch.equal(picks, want)
+    ref_est, ref_bound = quick(x.reshape(B * W, V)[flat], want)
+    assert torch.equal(est.isnan(), ref_est.isnan()) and est.isfinite().sum() >= 6
+    ok = est.isfinite()
+    assert torch.equal(est[ok].view(torch.int64), ref_est[ok].view(torch.int64))
+    assert torch.equal(bound.view(torch.int64), ref_bound.view(torch.int64))
 
 
 def test_argmax_without_the_mask_id_reads_the_logits_without_copying(monkeypatch):
