@@ -27,7 +27,7 @@ candidate keeps its estimate, below the cut and so below at least k published va
 committed set is decided by published values alone, and every committed position reports its
 published confidence. A greedy step takes its picks from the same float32 copy (`picked`): the
 row maximum the estimate needs is the logit at the first argmax, and the window is read once
-(bf16 `amax` ran at a sixth of float32's speed on the AVX-512 host), only at the candidates.
+(bf16 `amax` took twice float32's time per element on the AVX-512 host), only at the candidates.
 
 Where `quick` leaves more contenders than the rows take (candidates within ~1e-5 of one another:
 a random model, or a trained one's EOS tail, where many positions sit near 1.0), 16-bit logits
@@ -131,11 +131,18 @@ def quick(rows: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """p(x0) of each logit row (N, V) (`SCREEN_DTYPES`), x0 (N,), and its relative error bound
     (`rel_quick`) against the published float64 softmax; NaN where it cannot be bounded (a row
     with a NaN or +inf, no finite logit, or a numerator below 2^-100)."""
-    N, V = rows.shape
+    return quick_at(rows[None], torch.arange(rows.shape[0]), x0)
+
+
+def quick_at(logits: torch.Tensor, flat: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quick` of the rows at flat (N,) (ascending b * W + w) of (B, W, V) logits, x0 (N,), each
+    row copied once, straight to float32 (`_widened`; the caller's logits are never written)."""
+    N, V = flat.numel(), logits.shape[-1]
+    step = _pass_rows(V)
     parts = []
-    for i in range(0, N, _pass_rows(V)):  # few passes: each op is a parallel region
-        e = rows[i:i + _pass_rows(V)].to(torch.float32, copy=True)  # (n, V), never the caller's logits
-        parts.append(_estimate(e, x0[i:i + _pass_rows(V)], e.amax(-1)))
+    for i in range(0, N, step):  # few passes: each op is a parallel region
+        e = _widened(logits, flat[i:i + step])  # (n, V)
+        parts.append(_estimate(e, x0[i:i + step], e.amax(-1)))
     return _joined(parts, N, V)
 
 
@@ -147,14 +154,15 @@ def picked(logits: torch.Tensor, flat: torch.Tensor, banned: int
     argmax of each row with id `banned` excluded (`select._argmax_but`'s token), and p(x0)'s
     estimate and bound as `quick(rows, x0)` gives them. The row maximum that `quick` needs is the
     logit at the first argmax, so a row is read by one vectorised max instead of two (the window
-    argmax in bf16 ran at a sixth of float32's speed here), and only the candidates' rows."""
+    argmax in bf16 took twice float32's time per element here), and only the candidates' rows."""
     from celeris.engine.sampling.select import first_argmax  # select imports this module
 
     N, V = flat.numel(), logits.shape[-1]
     x0 = torch.empty(N, dtype=torch.long)
+    step = _pass_rows(V)
     parts = []
-    for i in range(0, N, _pass_rows(V)):
-        e = _widened(logits, flat[i:i + _pass_rows(V)])  # (n, V) float32, a copy
+    for i in range(0, N, step):
+        e = _widened(logits, flat[i:i + step])  # (n, V) float32, a copy
         at = first_argmax(e)  # (n,) the first maximum, or the first NaN
         top = e.gather(1, at[:, None]).squeeze(1)  # (n,) the row maximum (NaN for a NaN row)
         hit = (at == banned).nonzero().squeeze(1)  # (h,) rows whose maximum is the banned id
@@ -295,7 +303,7 @@ def screened(logits: torch.Tensor, x0: torch.Tensor, flat: torch.Tensor, screen:
         est, bound = (torch.where(screened_at, x, y) for x, y in zip(screen.estimated, (est, bound)))
     elif bool(screened_at.any()):
         at = flat[screened_at]
-        est[screened_at], bound[screened_at] = quick(rows_at(logits, at), x0.reshape(-1)[at])
+        est[screened_at], bound[screened_at] = quick_at(logits, at, x0.reshape(-1)[at])
     exact = contenders(est, flat, B, W, screen, bound)
     if logits.dtype in TABLE_DTYPES:  # more contenders than the rows take: the table decides closer
         close = exact & screened_at & est.isfinite()
