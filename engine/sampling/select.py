@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
 from celeris.engine.sampling.filters import filter_logits
 from celeris.engine.sampling.noise import gumbel_scores, position_hash, row_scores, sampled_argmax, uniform_noise
-from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, picked, rows_at, screened, screening
+from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, first_argmax, picked, rows_at, screened, screening
 
 NEG_INF = float("-inf")
 SPARSE_DRAW = 8  # a sampled step hashes only the live tokens when under 1 in this many are
@@ -92,31 +92,6 @@ def _measures(logits: torch.Tensor, x0: torch.Tensor, code: torch.Tensor, u_rand
     if u_random is not None:
         conf = torch.where(code == REMASK_CODE["random"], u_random.to(dtype), conf)
     return conf
-
-
-def first_argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """`x.argmax(-1)`, the same index (the first maximum; the first NaN if any), computed as a
-    vectorised max over chunks of the last dimension, then an argmax inside the winning chunk.
-
-    torch's argmax over a long last dimension runs element by element on the CPU (at a 126k
-    vocabulary it cost more than the head's matmul in bf16); amax is vectorised. The first chunk
-    holding the maximum (or a NaN: amax and argmax both propagate it) holds its first index.
-    """
-    *lead, V = x.shape
-    flat = x.reshape(-1, V)
-    if x.device.type != "cpu" or V < 2 * chunk or flat.shape[0] == 0:
-        return x.argmax(-1)
-    whole = V - V % chunk
-    body = flat[:, :whole].view(flat.shape[0], whole // chunk, chunk)  # (R, C, K)
-    c = body.amax(-1).argmax(-1)  # (R,) the first chunk holding the row's maximum
-    inside = torch.gather(body, 1, c[:, None, None].expand(-1, 1, chunk)).squeeze(1).argmax(-1)
-    idx = c * chunk + inside
-    if whole < V:  # the tail wins only if strictly greater, or NaN where the body has none
-        tail = flat[:, whole:]
-        best, top = flat.gather(1, idx[:, None]).squeeze(1), tail.amax(-1)
-        take = (top > best) | (top.isnan() & ~best.isnan())
-        idx = torch.where(take, whole + tail.argmax(-1), idx)
-    return idx.view(lead)
 
 
 # ---------------------------------------------------------------- batched selection
