@@ -83,6 +83,7 @@ class Tokenizer:
         self.stop_ids = frozenset(stop)
         self.chat_template = tc.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self._templates: dict[str, object] = {}  # template text -> compiled (`_compiled`)
+        self._texts: dict[int, str] = {}  # token id -> `token_text` (at most the vocabulary's ids)
         self._special = frozenset({self.mask_id, self.eos_id, self.pad_id, *(i for i in [self.bos_id] if i is not None)})
         # The longest vocabulary entry bounds how much text one token can cover: a text longer
         # than max_prompt_tokens * this is too long before it is tokenized.
@@ -173,9 +174,16 @@ class Tokenizer:
         return ids[:stop_cut(ids, self.stop_ids, self.mask_id)]
 
     def token_text(self, token_id: int) -> str:
-        if token_id == self.mask_id:
-            return MASK_MARKER
-        return self._tok.decode([token_id], skip_special_tokens=False)
+        """One token's own text (the mask as MASK_MARKER). Every streamed message reads it for each
+        token it carries (a final message: every canvas position), so each id is decoded once."""
+        text = self._texts.get(token_id)
+        if text is None:
+            if token_id == self.mask_id:
+                return MASK_MARKER
+            text = self._tok.decode([token_id], skip_special_tokens=False)
+            if 0 <= token_id < self.vocab_size:  # never grows past the vocabulary
+                self._texts[token_id] = text
+        return text
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(i) or "" for i in ids]

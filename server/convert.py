@@ -263,17 +263,22 @@ def stream_plan(req: pb.GenerateRequest) -> StreamPlan:
 
 def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.GenerateResponse:
     """A full (replace, not delta) snapshot; `committed` = positions since the last sent message."""
-    tokens = [pb.Token(id=t, text=tok.token_text(t), masked=t == tok.mask_id,
-                       committed_this_step=i in committed, confidence=committed.get(i, 0.0),
-                       final=ev.is_final(i, tok.mask_id))
-              for i, t in enumerate(ev.canvas)]
     positions = sorted(committed)
-    return pb.GenerateResponse(
+    msg = pb.GenerateResponse(
         request_id=ev.request_id, step=ev.step + 1, total_steps=ev.total_steps, block_index=ev.block,
-        num_blocks=ev.num_blocks, tokens=tokens,
+        num_blocks=ev.num_blocks,
         text=tok.decode_cut(ev.generated, ev.stop_text) if ev.stop_text else tok.render(ev.canvas[:ev.visible]),
         committed_positions=positions, committed_confidences=[committed[p] for p in positions], done=ev.finished,
         final_positions=ev.settled, revising=ev.revising)
+    add, text, mask = msg.tokens.add, tok.token_text, tok.mask_id  # built in place: no copy of each token
+    for i, t in enumerate(ev.canvas):  # fields left at their proto3 default are simply not set
+        c = committed.get(i)
+        if c is None:
+            add(id=t, text=text(t), masked=t == mask, final=ev.is_final(i, mask))
+        else:
+            add(id=t, text=text(t), masked=t == mask, committed_this_step=True, confidence=c,
+                final=ev.is_final(i, mask))
+    return msg
 
 
 def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tokenizer,
