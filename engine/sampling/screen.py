@@ -67,6 +67,7 @@ _NUMERATOR_MIN = 2.0 ** -100  # a quick numerator below (its logit > ~69 under t
 _FLOOR = 2.0 ** -850  # a row's sum below this (its maximum below e^-590) is not screened: underflow
 _SMALLEST = 1e-290  # estimates below: a numerator or quotient near float64's subnormals, not screened
 _CHUNK = 1 << 21  # logits gathered per pass of the table (16 MiB of float64 terms)
+_RUN_COPY_MIN = 1 << 14  # logits a row from which `_widened` copies run by run (measured: 4k no, 126k yes)
 _QUICK_CHUNK = 1 << 22  # logits per pass of `quick` and `picked` (16 MiB of float32: 33 rows of 126k)
 _TABLES: dict[torch.dtype, torch.Tensor] = {}
 
@@ -180,10 +181,14 @@ def _pass_rows(V: int) -> int:
 
 
 def _widened(logits: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """A float32 copy (n, V) of the rows at flat (n,) (ascending) of (B, W, V) logits, written
-    straight from each run of consecutive positions (a candidate set is a few runs of a window):
-    one pass, where `rows_at` and a conversion would be two."""
+    """A float32 copy (n, V) of the rows at flat (n,) (ascending) of (B, W, V) logits. 16-bit rows
+    of a large vocabulary are written straight from each run of consecutive positions (a
+    candidate set is a few runs of a window): one pass, where `rows_at` and a conversion are two;
+    float32 rows, and short ones (where a copy per run costs more than the second pass), are
+    gathered by `rows_at`."""
     B, W, V = logits.shape
+    if logits.dtype == torch.float32 or V < _RUN_COPY_MIN:
+        return rows_at(logits, flat).to(torch.float32)
     try:
         src = logits.view(B * W, V)
     except RuntimeError:  # a window sliced out of longer logits (B > 1)

@@ -187,12 +187,13 @@ def test_candidates_closer_than_the_quick_bound_are_told_apart_by_the_table(monk
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("passes", [1, 3])
 @pytest.mark.parametrize("sliced", [False, True])
-def test_picked_gives_the_greedy_pick_and_quicks_estimate_bit_for_bit(dtype, passes, sliced, monkeypatch):
+@pytest.mark.parametrize("by_runs", [False, True])
+def test_picked_gives_the_greedy_pick_and_quicks_estimate_bit_for_bit(dtype, passes, sliced, by_runs, monkeypatch):
     """`picked` (one float32 copy of each candidate row for the argmax and the estimate) returns
     what `_argmax_but` and `quick` give apart: the first maximum with the mask id excluded (a row
     whose maximum, or NaN, is the mask id; ties; a NaN row; a row with nothing finite but the mask
     id), the same estimates and bounds bit for bit (shifted rows too), whatever the rows per pass,
-    from a contiguous window or one sliced out of longer logits."""
+    from a contiguous window or one sliced out of longer logits, widened run by run or gathered."""
     import celeris.engine.sampling.screen as screen_mod
 
     g = torch.Generator().manual_seed(9)
@@ -212,6 +213,7 @@ def test_picked_gives_the_greedy_pick_and_quicks_estimate_bit_for_bit(dtype, pas
         x = x[:, 3:3 + W]
     flat = torch.tensor([0, 1, 2, 3, 4, 6, 7, 9, 12, 13, 15])  # candidates of both rows
     monkeypatch.setattr(screen_mod, "_QUICK_CHUNK", max(1, flat.numel() // passes) * V)
+    monkeypatch.setattr(screen_mod, "_RUN_COPY_MIN", 0 if by_runs else 1 << 30)  # 16-bit rows copied run by run
     before = x.clone()
     picks, est, bound = screen_mod.picked(x, flat, MASK)
     assert torch.equal(x.view(torch.int8), before.view(torch.int8))  # the caller's logits are untouched
