@@ -6,8 +6,9 @@ step on the CPU, and most of it decides nothing: a fixed schedule commits k of t
 
 Here every candidate's p(x0) = e^l[x0] / sum_v e^l[v] is first estimated in float32 (`quick`):
 the logits widened to float32 (exact), exp, the terms summed in float32 in runs of `_RUN` (every
-(V // _RUN)-th term: the sum runs along an outer dimension, vectorised) and the runs in float64. A row whose maximum lies outside [`_LOW`, `_HIGH`] (where e^l could
-overflow, or underflow enough to matter) first has its maximum subtracted. The relative error,
+(V // _RUN)-th term: the sum runs along an outer dimension, vectorised) and the runs in float64.
+A row whose maximum lies outside [`_LOW`, `_HIGH`] (where e^l could overflow, or underflow enough
+to matter) first has its maximum subtracted. The relative error,
 bounded term by term with u = 2^-24 (`rel_quick`, per estimate: ~4e-6 for a row taken as it is,
 up to ~1e-5 more for a shifted one at a 126k vocabulary; measured ~2e-8):
 - each exp within 1 ulp (torch's vectorised float32 exp; glibc's for the tail), 2u relatively;
@@ -20,10 +21,10 @@ up to ~1e-5 more for a shifted one at a 126k vocabulary; measured ~2e-8):
   the numerator's own m (0 where x0 is the maximum) moves it by m u.
 A numerator below 2^-100 (a logit ~69 under the maximum, or under -69) is not screened.
 The bound used is twice their sum. On an AVX-512 host (2 threads, 32 rows of 126,464 logits)
-this takes 1.8 ms, the table below 4.1-4.5 and the float64 softmax 20. Then only the candidates whose
-upper bound reaches the row's cut get the published float64 value (`select._measures`): the cut
-is the k-th best lower bound (a threshold row: its top-1's, and the threshold itself). Every other
-candidate keeps its estimate, below the cut and so below at least k published values: the
+this takes 1.8 ms, the table below 4.1-4.5 and the float64 softmax 20. Then only the candidates
+whose upper bound reaches the row's cut get the published float64 value (`select._measures`): the
+cut is the k-th best lower bound (a threshold row: its top-1's, and the threshold itself). Every
+other candidate keeps its estimate, below the cut and so below at least k published values: the
 committed set is decided by published values alone, and every committed position reports its
 published confidence. A greedy step takes its picks from the same float32 copy (`picked`): the
 row maximum the estimate needs is the logit at the first argmax, and the window is read once
