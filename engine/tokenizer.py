@@ -181,7 +181,7 @@ class Tokenizer:
             if token_id == self.mask_id:
                 return MASK_MARKER
             text = self._tok.decode([token_id], skip_special_tokens=False)
-            if 0 <= token_id < self.vocab_size:  # never grows past the vocabulary
+            if type(token_id) is int and 0 <= token_id < self.vocab_size:  # never grows past the vocabulary
                 self._texts[token_id] = text
         return text
 

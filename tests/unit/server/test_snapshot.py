@@ -5,6 +5,7 @@ proto3 defaults left unset; and the tokenizer's per-id text cache they read."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
@@ -72,4 +73,7 @@ def test_token_text_is_decoded_once_per_id_and_the_cache_stays_within_the_vocabu
         except Exception:  # the tokenizer's own error for an id it does not have
             pass
         assert bad not in tok._texts
+    for other in (torch.tensor(17), torch.tensor([300])[0]):  # ids that are not Python ints: never kept
+        tok.token_text(other)
+    assert all(type(k) is int for k in tok._texts)
     assert set(tok._texts) <= set(range(tok.vocab_size))
