@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -139,13 +139,8 @@ def quick(rows: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def quick_at(logits: torch.Tensor, flat: torch.Tensor, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`quick` of the rows at flat (N,) (ascending b * W + w) of (B, W, V) logits, x0 (N,), each
     row copied once, straight to float32 (`_widened`; the caller's logits are never written)."""
-    N, V = flat.numel(), logits.shape[-1]
-    step = _pass_rows(V)
-    parts = []
-    for i in range(0, N, step):  # few passes: each op is a parallel region
-        e = _widened(logits, flat[i:i + step])  # (n, V)
-        parts.append(_estimate(e, x0[i:i + step], e.amax(-1)))
-    return _joined(parts, N, V)
+    parts = [_estimate(e, x0[i:i + e.shape[0]], e.amax(-1)) for i, e in _passes(logits, flat)]
+    return _joined(parts, flat.numel(), logits.shape[-1])
 
 
 def picked(logits: torch.Tensor, flat: torch.Tensor, banned: int
@@ -159,10 +154,8 @@ def picked(logits: torch.Tensor, flat: torch.Tensor, banned: int
     argmax in bf16 took twice float32's time per element here), and only the candidates' rows."""
     N, V = flat.numel(), logits.shape[-1]
     x0 = torch.empty(N, dtype=torch.long)
-    step = _pass_rows(V)
     parts = []
-    for i in range(0, N, step):
-        e = _widened(logits, flat[i:i + step])  # (n, V) float32, a copy
+    for i, e in _passes(logits, flat):
         at = first_argmax(e)  # (n,) the first maximum, or the first NaN
         top = e.gather(1, at[:, None]).squeeze(1)  # (n,) the row maximum (NaN for a NaN row)
         hit = (at == banned).nonzero().squeeze(1)  # (h,) rows whose maximum is the banned id
@@ -176,9 +169,13 @@ def picked(logits: torch.Tensor, flat: torch.Tensor, banned: int
     return x0, est, bound
 
 
-def _pass_rows(V: int) -> int:
-    """Rows of V logits per pass of `quick` or `picked` (a float32 copy of `_QUICK_CHUNK` at most)."""
-    return max(1, _QUICK_CHUNK // max(V, 1))
+def _passes(logits: torch.Tensor, flat: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """(offset into flat, float32 copy (n, V) of those rows: `_widened`) of the rows at flat (N,)
+    of (B, W, V) logits, `_QUICK_CHUNK` logits a pass at most: few passes, since each op of a pass
+    is a parallel region (`quick_at`, `picked`)."""
+    step = max(1, _QUICK_CHUNK // max(logits.shape[-1], 1))
+    for i in range(0, flat.numel(), step):
+        yield i, _widened(logits, flat[i:i + step])
 
 
 def _widened(logits: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
@@ -246,7 +243,7 @@ def estimates(rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     table = _table(rows.dtype)
     bits = rows.view(torch.uint16)  # the pattern read as unsigned: the table's index
     total = torch.empty(N, dtype=torch.float64)
-    step = _pass_rows(V)
+    step = max(1, _CHUNK // max(V, 1))
     for i in range(0, N, step):  # a row's terms are summed within one pass; few passes (each a
         idx = bits[i:i + step].to(torch.int32)  # parallel region, which waits on a busy machine)
         total[i:i + step] = table.index_select(0, idx.view(-1)).view(idx.shape).sum(-1)
