@@ -272,12 +272,9 @@ def snapshot(ev: StepEvent, tok: Tokenizer, committed: dict[int, float]) -> pb.G
         final_positions=ev.settled, revising=ev.revising)
     add, text, mask = msg.tokens.add, tok.token_text, tok.mask_id  # built in place: no copy of each token
     for i, t in enumerate(ev.canvas):  # fields left at their proto3 default are simply not set
-        c = committed.get(i)
-        if c is None:
-            add(id=t, text=text(t), masked=t == mask, final=ev.is_final(i, mask))
-        else:
-            add(id=t, text=text(t), masked=t == mask, committed_this_step=True, confidence=c,
-                final=ev.is_final(i, mask))
+        token = add(id=t, text=text(t), masked=t == mask, final=ev.is_final(i, mask))
+        if i in committed:
+            token.committed_this_step, token.confidence = True, committed[i]
     return msg
 
 
