@@ -42,11 +42,20 @@ def partition(rows: Sequence[T], tokens: Callable[[T], int], overhead: float) ->
     Only cuts between different sizes are tried: a cut between equal sizes never pays (moving
     the row after it into the group before keeps that group's padding and leaves the next one
     no longer), so the search is O(m^2) in the m distinct sizes, and one size (the common case)
-    is one group with no search at all."""
-    sized = sorted(((tokens(r), i) for i, r in enumerate(rows)))  # each row's estimate, once
+    is one group with no search at all. Nor is there one when the padding of a single group costs
+    at most one forward's overhead: any split costs at least two overheads plus every row's own
+    tokens, so one group is then the search's answer too (it keeps the first grouping on a tie).
+    That is every step of a GPU-paced runner (overhead ~ infinite), on its critical path."""
+    estimates = [tokens(r) for r in rows]  # each row's, once
+    if not estimates:
+        return []
+    top = max(estimates)
+    if min(estimates) == top:  # one size: one group, in the rows' order (no sort)
+        return [Group(list(rows), top)]
+    sized = sorted(zip(estimates, range(len(rows))))
     order = [rows[i] for _, i in sized]
-    if not order or sized[0][0] == sized[-1][0]:
-        return [Group(order, sized[-1][0])] if order else []
+    if len(rows) * top - sum(estimates) <= overhead:
+        return [Group(order, top)]
     ends, sizes = [], []  # run k: order[ends[k-1]:ends[k]], all of size sizes[k]
     for j, (t, _) in enumerate(sized):
         if sizes and sizes[-1] == t:

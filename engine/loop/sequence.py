@@ -264,30 +264,31 @@ class Sequence:
 
     def _apply(self, positions: list[int], tokens: list[int], confidences: list[float],
                logprobs: tuple = (), provisional: tuple = ()) -> Callable[[], StepEvent]:
-        p = self.params
-        provisional = tuple((self.block_start + i, t, c) for i, t, c in provisional)
-        committed = []
-        for pos, tok in zip(positions, tokens):
-            committed.append(self.block_start + pos)
-            self.canvas[self.block_start + pos] = tok
+        # Once per row per step, on the step's critical path (the device waits): plain locals.
+        p, canvas, start = self.params, self.canvas, self.block * self.params.block_length
+        provisional = tuple((start + i, t, c) for i, t, c in provisional) if provisional else ()
+        committed = tuple([start + pos for pos in positions])
+        for pos, tok in zip(committed, tokens):
+            canvas[pos] = tok
             if self.constraint is not None:
-                self.constraint.commit(self.block_start + pos, tok)
-        self.token_logprobs.update(zip(committed, logprobs))
+                self.constraint.commit(pos, tok)
+        if logprobs:
+            self.token_logprobs.update(zip(committed, logprobs))
         self.nfe += 1
         self.step_in_block += 1
+        end = start + p.block_length
         if p.adaptive or self.constraint is not None:  # threshold / factor: a block ends when no mask is left in it
-            block_done = self.mask_id not in self.canvas[self.block_start:self.block_start + p.block_length]
+            block_done = self.mask_id not in canvas[start:end]
         else:  # the fixed schedule commits the whole block in steps_per_block steps
             block_done = self.step_in_block >= p.steps_per_block
         event_block = self.block
-        if block_done and not self.stops_within(self.block_start + p.block_length):
+        if block_done and not self.stops_within(end):
             if self.block + 1 >= p.num_blocks:
                 self.finish_reason = FinishReason.LENGTH
             else:
                 self.block += 1
                 self.step_in_block = 0
-        return functools.partial(self.event, tuple(committed), tuple(confidences), event_block, block_done,
-                                 provisional)
+        return functools.partial(self.event, committed, tuple(confidences), event_block, block_done, provisional)
 
     def stops_within(self, end: int) -> bool:
         """After a block ending at canvas index `end`: finish (STOP) if what is generated so far

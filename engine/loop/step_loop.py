@@ -182,9 +182,13 @@ class StepLoop:
             results, stats = self.runner.step(batch)
         self.steps += 1
         self.forwards += stats.forwards
-        stepped = set(map(id, batch))
-        for seq in self.running:
-            seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
+        if len(batch) == len(self.running):  # everyone stepped (the common case)
+            for seq in batch:
+                seq.skipped = 0
+        else:
+            stepped = set(map(id, batch))
+            for seq in self.running:
+                seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
         build = [apply_row(seq, r) for seq, r in zip(batch, results)]
         for seq in [s for s in self.running if s.finished]:  # a failed event build may end a row not in this batch
             self._release(seq)

@@ -20,8 +20,17 @@ def test_partition_keeps_like_lengths_together_and_splits_far_ones():
 
 def test_partition_is_one_forward_when_padding_costs_less_than_another_forward():
     assert len(partition([40, 80, 64], lambda r: r, overhead=256)) == 1
+    assert [g.rows for g in partition([40, 80, 64], lambda r: r, overhead=256)] == [[40, 64, 80]]
     # The same rows with a cheap forward: separate groups win.
     assert len(partition([40, 80], lambda r: r, overhead=1)) == 2
+
+
+def test_partition_shortcut_to_one_group_agrees_with_the_search_at_its_edge():
+    """One group when its padding (2 x 80 - 120 = 40 tokens) is at most one forward's overhead:
+    at 40 the split costs as much (80 + 40 + 80 = 40 + 160) and the search keeps one group; at 39
+    the split is cheaper."""
+    assert [g.rows for g in partition([80, 40], lambda r: r, overhead=40)] == [[40, 80]]
+    assert [g.rows for g in partition([80, 40], lambda r: r, overhead=39)] == [[40], [80]]
 
 
 def test_partition_is_the_cheapest_contiguous_grouping():
