@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -293,7 +292,7 @@ class Scheduler:
         except Exception as exc:  # a formatting bug ends this request only, through its door
             log.exception("formatting the step event of %s failed", ev.request_id)
             out = exc
-        return dataclasses.replace(ev, formatted=out)
+        return ev.with_formatted(out)
 
     def _format_and_post(self, loop: asyncio.AbstractEventLoop, events: list[StepEvent],
                          record: Optional[StepRecord] = None) -> threading.Event:

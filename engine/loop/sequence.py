@@ -82,6 +82,14 @@ class StepEvent:
     # (summing to 1; engine/sampling/choice.py), on the last event only; None otherwise.
     choice_probabilities: Optional[dict[str, float]] = None
 
+    def with_formatted(self, formatted: Any) -> StepEvent:
+        """This event with `formatted` set: `dataclasses.replace` without running the frozen
+        `__init__` over every field again (7 us -> under 1; once per event, in the formatter thread)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["formatted"] = formatted
+        return new
+
     def is_final(self, i: int, mask_id: int) -> bool:
         """Whether canvas position i will never change again (the stream contract above)."""
         return i < self.settled or (not self.revising and self.canvas[i] != mask_id)

@@ -120,3 +120,22 @@ def test_the_worker_steps_without_the_event_loop_and_at_most_one_step_ahead(sim_
     blocked_steps, events = asyncio.run(asyncio.wait_for(go(), timeout=30))
     assert blocked_steps == 2
     assert [ev.step for ev in events] == list(range(16)) and events[-1].finished
+
+
+def test_with_formatted_is_replace_of_that_one_field():
+    """The formatter thread's copy (StepEvent.with_formatted) equals dataclasses.replace, field by
+    field, and leaves the event it copies as it was."""
+    import dataclasses
+
+    from celeris.engine.loop.sequence import FinishReason, StepEvent
+
+    ev = StepEvent(request_id="r", step=3, total_steps=8, block=1, num_blocks=2, canvas=(5, 6, 0), committed=(1,),
+                   confidences=(0.5,), generated=(5, 6), visible=3, settled=2, steps=4, forward_passes=4, seed=7,
+                   prompt_tokens=2, finished=True, finish_reason=FinishReason.LENGTH, provisional=((2, 9, 0.4),))
+    out = ev.with_formatted("message")
+    assert out == dataclasses.replace(ev, formatted="message") and out is not ev
+    assert out.formatted == "message" and ev.formatted is None
+    assert {f.name: getattr(out, f.name) for f in dataclasses.fields(ev) if f.name != "formatted"} == \
+        {f.name: getattr(ev, f.name) for f in dataclasses.fields(ev) if f.name != "formatted"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.formatted = None
