@@ -230,12 +230,13 @@ async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> boo
     """Serve until a signal, or until a tensor-parallel worker is lost (then True)."""
     import structlog
 
+    from celeris.engine.threads import freeze_startup_heap
     from celeris.server.app import create_server
     from celeris.server.startup import log_startup
 
     log = structlog.get_logger("celeris")
     server, _ = await create_server(llm, settings, telemetry, thread)
-    log_startup(log, server, settings, llm, threads)
+    log_startup(log, server, settings, llm, threads, frozen=freeze_startup_heap())
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task] = []
 

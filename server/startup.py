@@ -76,9 +76,11 @@ def summary(server: Any, settings: Any, llm: Any, threads: int) -> dict[str, Any
 
 
 def log_startup(log: Any, server: Any, settings: Any, llm: Any, threads: int,
-                cpus: Optional[CpuBudget] = None) -> None:
-    """The summary as one log record, then the thread warning if there is one."""
-    log.info("celeris.serving", **summary(server, settings, llm, threads))
+                cpus: Optional[CpuBudget] = None, frozen: Optional[int] = None) -> None:
+    """The summary as one log record (with `frozen`, the objects engine.threads.freeze_startup_heap
+    took out of the collector's reach), then the thread warning if there is one."""
+    extra = {} if frozen is None else {"gc_frozen_objects": frozen}
+    log.info("celeris.serving", **summary(server, settings, llm, threads), **extra)
     if llm.config.device == "cpu" and (warning := thread_warning(threads, cpus or CpuBudget.read())):
         log.warning("celeris.threads", message=warning, threads=threads)
     if llm.config.device == "cpu" and not gemm_rows_invariant():

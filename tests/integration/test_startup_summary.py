@@ -45,3 +45,4 @@ def test_serve_without_http_names_only_the_grpc_target(spawn):
     (s,) = [r for r in records(proc.log_path) if r.get("event") == "celeris.serving"]
     assert s["grpc_target"] == proc.target and s["http_base_url"] is None and s["page_url"] is None
     assert s["metrics_url"] == f"http://127.0.0.1:{proc.metrics_port}/metrics" and s["threads"] == 1
+    assert s["gc_frozen_objects"] > 100_000  # the start-up heap, out of the full collections' walk

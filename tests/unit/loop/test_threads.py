@@ -217,3 +217,30 @@ def test_importing_the_engine_makes_cpu_matmuls_round_rows_alike_at_every_padded
 
 def test_an_operators_mkl_mode_is_kept():
     assert _probe({"MKL_CBWR": "AUTO"})[0] == "AUTO"
+
+
+def test_freeze_startup_heap_leaves_only_later_objects_to_the_collector():
+    """In a fresh interpreter (it is process-wide): the start-up heap is frozen and counted, a
+    full collection then sees only what was allocated after, and later garbage is still collected."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, json
+from celeris.engine.threads import freeze_startup_heap
+heap = [{"k": [i]} for i in range(50_000)]  # tracked objects that live as long as the process
+frozen = freeze_startup_heap()
+ids = {id(o) for o in gc.get_objects()}
+later = [{"k": [i]} for i in range(100)]
+cycle = []
+cycle.append(cycle)
+del cycle
+print(json.dumps({"frozen": frozen, "count": gc.get_freeze_count(), "heap_seen": id(heap[0]) in ids,
+                  "tracked": len(gc.get_objects()), "later_seen": any(o is later[0] for o in gc.get_objects()),
+                  "collected": gc.collect()}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    r = __import__("json").loads(out.stdout)
+    assert r["frozen"] == r["count"] >= 100_000  # the heap's dicts and lists, the interpreter's own
+    assert not r["heap_seen"] and r["tracked"] < 10_000  # a full collection walks only later objects
+    assert r["later_seen"] and r["collected"] >= 1  # and collects later garbage as before
