@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.request
 
@@ -15,6 +14,7 @@ from opentelemetry.trace import SpanKind
 
 from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
 from tests.integration.conftest import collect, small
+from tests.integration.server_process import free_port
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -84,15 +84,9 @@ async def test_log_lines_carry_request_and_trace_ids_but_no_prompt(serve, capsys
     assert access and access[-1]["code"] == "OK" and access[-1]["messages"] == 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_prometheus_metrics_after_real_requests(serve):
     tel, _ = traced()
-    port = _free_port()
+    port = free_port()
     async with serve(telemetry=tel, metrics_port=port) as (_, stub, _):
         results = await asyncio.gather(*(collect(stub.Generate(small(seed=i))) for i in range(3)))
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode())
