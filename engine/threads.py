@@ -149,12 +149,14 @@ def configure_switch_interval(seconds: float = SERVING_SWITCH_INTERVAL_S) -> Non
 def freeze_startup_heap() -> int:
     """Take everything alive now out of the cyclic garbage collector's reach (`gc.freeze`, after
     one last collection); returns how many objects that is. Process-wide: for a serving process
-    once it has started, whose start-up heap (the model's modules, the tokenizer, the grammars'
-    tables, gRPC and torch's own objects) lives as long as the process. A full (oldest-generation)
-    collection otherwise walks all of it with the GIL held, stalling every stream at once: ~70 ms
-    with celeris-tiny on 2 CPUs, 14 steps of a 5 ms device, once every few thousand requests'
-    worth of allocations. Afterwards it walks only what requests allocated since. Objects frozen
-    are never collected, so a process that loads and drops models (the tests) must not call it."""
+    (`celeris serve` once it has started, a tensor-parallel worker rank once its shard is loaded),
+    whose start-up heap (the model's modules, the tokenizer, the grammars' tables, gRPC and
+    torch's own objects) lives as long as the process. A full (oldest-generation) collection
+    otherwise walks all of it with the GIL held, stalling every stream at once: ~70 ms with
+    celeris-tiny on 2 CPUs (14 steps of a simulated 5 ms device), once every ~160 streamed
+    256-step requests there. Afterwards it walks only what requests allocated since. Objects
+    frozen are never collected, so a process that loads and drops models (the tests) must not
+    call it."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -19,6 +19,7 @@ from celeris.engine.models.transformer import KVCache
 from celeris.engine.parallel.group import Plan, init_group, worker_store
 from celeris.engine.parallel.mirror import to_device
 from celeris.engine.parallel.shard import load_shard
+from celeris.engine.threads import freeze_startup_heap
 
 STORES = {cls.__name__: cls for cls in (KVCacheStore, BlockKVStore)}
 
@@ -73,6 +74,7 @@ def main(rank: int, size: int, port: int, folder: str, plan: Plan, dtype: str, d
         store.set(f"joining/{rank}", "1")  # the leader waits for every rank's key, watching it live
         group = init_group(rank, size, store, backend, timeout_s)
         model = load_shard(folder, plan, group, dtype, device)
+        freeze_startup_heap()  # a full collection here would stall every collective of the group
         conn.send_bytes(pickle.dumps("ready"))
         with torch.inference_mode():
             follow(conn, model, device)
