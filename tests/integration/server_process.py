@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,40 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from celeris.server.health import SERVICE_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port free now, below the kernel's ephemeral range and never handed out before
-    in this process. A port from the ephemeral range (what binding port 0 returns) can be taken,
-    before the server binds it, as the local port of any outgoing connection: the test's own
-    health checks poll while the server starts, which once failed CI with "metrics port ... is
-    already in use". Falls back to port 0's answer where the range leaves no room below it."""
-    low = _ephemeral_low()
-    for _ in range(100 if low > 20_100 else 0):
-        port = random.randrange(20_000, low)
-        if port in _handed_out:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:  # in use
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ephemeral_low() -> int:
-    """The first port of Linux's ephemeral range (0 elsewhere: no room assumed)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
+if str(ROOT / "scripts") not in sys.path:  # one port picker for the tests and the benchmarks
+    sys.path.insert(0, str(ROOT / "scripts"))
+from serving_process import free_port  # noqa: E402,F401 (the tests import it from here)
 
 
 class ServerProcess:
