@@ -4,7 +4,6 @@ engine-config flags. Imports nothing else of `server`, so the command modules fo
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:

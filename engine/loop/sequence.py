@@ -13,7 +13,7 @@ import enum
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.schedule import dream_transfer_count, transfer_schedule
