@@ -57,7 +57,7 @@ class Lifecycle:
             for life, req in zip(lives, reqs):
                 if req.request_id:  # logged before validation, so cut to the limit
                     life.obs.bind(req.request_id[:MAX_REQUEST_ID])
-                seqs.append(await self.llm.build_async(req))
+                seqs.append(await self.llm.build_async(req, inline=len(reqs) == 1))  # n samples: each off the loop
                 life.obs.bind(seqs[-1].request_id, seqs[-1].ticket)
                 if (path := structure_path(seqs[-1])):
                     self.telemetry.metrics.structured.labels(path).inc()

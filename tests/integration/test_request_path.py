@@ -164,23 +164,40 @@ def test_http_requests_are_in_the_request_metrics_and_spans(tiny_llm):
 
 
 def test_tokenizing_runs_off_the_event_loop(tiny_llm, monkeypatch):
-    """A slow tokenization (here: 1 s) must not hold up other calls on the server's loop."""
+    """A slow tokenization (here: 1 s) must not hold up other calls on the server's loop; only a
+    call of one sample whose prompt has at most INLINE_PROMPT characters is built on the loop."""
     import threading
 
+    from celeris.engine import requests
     from celeris.v1 import generation_pb2_grpc as pb_grpc
 
     real = tiny_llm.tokenizer.encode
+    where: dict[str, set[str]] = {}  # prompt -> the threads that tokenized it
 
     def slow_encode(text):
         time.sleep(1.0)
         return real(text)
 
+    def noted_encode(text):
+        where.setdefault(text, set()).add(threading.current_thread().name)
+        return real(text)
+
+    # The test model takes 64 prompt tokens, about 256 characters: the bound is lowered to fit it.
+    monkeypatch.setattr(requests, "INLINE_PROMPT", 40)
+    long = ("It is a truth universally acknowledged " * 4)[:41]
     with live_server(tiny_llm) as live:  # the server's loop runs in its own thread
+        monkeypatch.setattr(tiny_llm.tokenizer, "encode", noted_encode)
+        with grpc.insecure_channel(live.grpc_target) as c:
+            for prompt, n in ((long[:40], 1), (long, 1), (long[:30], 2)):
+                assert list(pb_grpc.GenerationServiceStub(c).Generate(small(prompt=prompt, n=n), timeout=30))[-1].done
+        assert where[long[:40]] == {"celeris-test-server"}, where  # the server's loop (live_server)
+        for off in (long, long[:30]):  # too long; or one of a call's n samples
+            assert where[off] and all(t.startswith("celeris-encode") for t in where[off]), where
         monkeypatch.setattr(tiny_llm.tokenizer, "encode", slow_encode)
         done = []
         with grpc.insecure_channel(live.grpc_target) as a, grpc.insecure_channel(live.grpc_target) as b:
             slow = threading.Thread(target=lambda: done.append(list(pb_grpc.GenerationServiceStub(a).Generate(
-                small(), timeout=30))))
+                small(prompt=long), timeout=30))))
             slow.start()
             time.sleep(0.15)  # the slow request is being tokenized now
             t0 = time.monotonic()
@@ -190,6 +207,18 @@ def test_tokenizing_runs_off_the_event_loop(tiny_llm, monkeypatch):
         monkeypatch.setattr(tiny_llm.tokenizer, "encode", real)
     assert done and done[0][-1].done
     assert waited < 0.4, f"GetModelInfo waited {waited:.2f} s behind a tokenization"
+
+
+def test_only_short_plain_prompts_are_built_on_the_loop():
+    from celeris.engine.requests import INLINE_PROMPT, Request, _short_plain
+    from celeris.engine.structured.constraint import Structured
+
+    n = INLINE_PROMPT
+    assert _short_plain(Request(prompt="x" * n)) and _short_plain(Request(token_ids=[5] * n))
+    assert not _short_plain(Request(prompt="x" * (n + 1))) and not _short_plain(Request(token_ids=[5] * (n + 1)))
+    assert not _short_plain(Request(messages=[{"role": "user", "content": "hi"}]))
+    assert not _short_plain(Request(prompt="hi", tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert not _short_plain(Request(prompt="hi", structured=Structured("regex", "[a-z]+")))
 
 
 async def test_message_count_and_size_are_checked_before_any_work(serve):
