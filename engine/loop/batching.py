@@ -45,7 +45,7 @@ def partition(rows: Sequence[T], tokens: Callable[[T], int], overhead: float) ->
     is one group with no search at all. Nor is there one when the padding of a single group costs
     at most one forward's overhead: any split costs at least two overheads plus every row's own
     tokens, so one group is then the search's answer too (it keeps the first grouping on a tie).
-    That is every step of a GPU-paced runner (overhead ~ infinite), on its critical path."""
+    That is most steps on a GPU (an overhead of 4,096 tokens), on the step's critical path."""
     estimates = [tokens(r) for r in rows]  # each row's, once
     if not estimates:
         return []
