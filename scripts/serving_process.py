@@ -37,6 +37,7 @@ def child_env() -> dict[str, str]:
 
 
 _handed_out: set[int] = set()
+_ports = random.Random()  # its own generator: a test that seeds `random` must not replay the picks
 
 
 def free_port() -> int:
@@ -48,7 +49,7 @@ def free_port() -> int:
     the range leaves no room below it."""
     low = _ephemeral_low()
     for _ in range(100 if low > 20_100 else 0):
-        port = random.randrange(20_000, low)
+        port = _ports.randrange(20_000, low)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
