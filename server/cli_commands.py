@@ -236,7 +236,8 @@ async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> boo
 
     log = structlog.get_logger("celeris")
     server, _ = await create_server(llm, settings, telemetry, thread)
-    log_startup(log, server, settings, llm, threads, frozen=freeze_startup_heap())
+    frozen = freeze_startup_heap()  # started: what lives now lives as long as the process
+    log_startup(log, server, settings, llm, threads, frozen=frozen)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task] = []
 
