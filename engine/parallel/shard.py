@@ -4,7 +4,7 @@ Megatron's split: q/k/v and the MLP's gate/up are column-parallel (rows of the w
 output features: whole heads, grouped-query attention split by key/value heads so each rank's
 query heads find their key/value heads locally; with fewer key/value heads than ranks, each
 rank holds the one head its queries use, replicated as vLLM does), the attention output and MLP down projections
-are row-parallel (input columns; their outputs are partial sums that `model.Block` all-reduces,
+are row-parallel (input columns; their outputs are partial sums that `transformer.Block` all-reduces,
 and a bias is added by rank 0 only). Embedding and output head are split by vocabulary rows.
 Under tensor parallelism every expert is split like a dense MLP; under expert parallelism
 each rank holds E/N whole experts and the shared expert whole. Norms and the router are
@@ -99,7 +99,7 @@ def _local_expert(name: str, cfg: ModelConfig, plan: Plan, rank: int) -> Optiona
 
 def checkpoint_parameters(folder: str | Path) -> int:
     """Parameters of the whole model, from the safetensors headers (no tensor is read); the
-    router's expert_bias is a buffer, not a parameter, as `model.count_parameters` counts."""
+    router's expert_bias is a buffer, not a parameter, as `transformer.count_parameters` counts."""
     return sum(math.prod(f.get_slice(name).get_shape()) for name, _, f in tensors(folder)
                if not name.endswith("expert_bias"))
 

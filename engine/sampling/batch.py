@@ -8,7 +8,7 @@
 - `Window`: the rows' state over the positions being decoded this step (tokens, candidates, the
   positions that key the noise and `min_tokens`, the canvas the penalties count over, and the
   structured-output token masks as an `Allowed`, None when no row is constrained).
-- `Selection`: what `sampler.select_tokens` returns.
+- `Selection`: what `select.select_tokens` returns.
 
 Adding a sampling knob: a field of `SamplingParams` (engine/sampling/params.py, with its table entry), a
 column here, the proto field, and its use in `sampler.py`.

@@ -1,6 +1,6 @@
 """LLaDA's semi-autoregressive reverse process, written out in one screen.
 
-The readable, exact reference that the batched path (`sampler.select_tokens` under the runners)
+The readable, exact reference that the batched path (`select.select_tokens` under the runners)
 is held to: the tests compare it with an independent implementation of the published
 `generate()` and the engine with it. It shares the sampler's pure functions (noise, confidences,
 penalties) but none of the batching.
