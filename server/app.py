@@ -152,7 +152,7 @@ class CelerisServer:
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME], self.grpc)
-        _distinct_doors(s)  # two doors asking for one port: say so, before the OS blames "another program"
+        check_distinct_ports(s)  # two doors asking for one port: say so, before the OS blames "another program"
         if s.port != 0:  # gRPC core would print its own error line for a taken port: ask the OS first
             _free(s.host, s.port, "gRPC")
         self.port = _bound(lambda: self._add_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)
@@ -253,7 +253,7 @@ _FLAGS = {"gRPC": "--grpc-port", "HTTP": "--port", "metrics": "--metrics-port"}
 _ANY_HOST = ("", "::", "0.0.0.0")
 
 
-def _distinct_doors(s: ServerSettings) -> None:
+def check_distinct_ports(s: ServerSettings) -> None:
     """PortInUse naming both doors when this server asks for one port twice (`--grpc-port 8000
     --port 8000`): the second bind would fail as if another program held the port."""
     doors = [("gRPC", s.host, s.port), ("HTTP", s.host, s.http_port),
@@ -262,8 +262,9 @@ def _distinct_doors(s: ServerSettings) -> None:
     for i, (door, host, port) in enumerate(doors):
         for other, other_host, other_port in doors[:i]:
             if port == other_port and (host == other_host or host in _ANY_HOST or other_host in _ANY_HOST):
+                hint = "; --port is the HTTP port, as in vLLM" if "HTTP" in (door, other) else ""
                 raise PortInUse(f"{door} port {port} on {host or '::'} is this server's {other} port too: give "
-                                f"each door its own ({_FLAGS[other]} {port} and {_FLAGS[door]} {port} were asked)")
+                                f"each door its own ({_FLAGS[other]} {port} and {_FLAGS[door]} {port} were asked{hint})")
 
 
 def _free(host: str, port: int, door: str) -> None:

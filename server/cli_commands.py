@@ -183,10 +183,32 @@ def check_api_key(key: Optional[str]) -> None:
                           "leave both unset to serve without one")
 
 
+def settings_from_args(a: argparse.Namespace, repo_id: Optional[str], allowed_origins: tuple[str, ...]):
+    """The server's settings from the flags; two doors asking for one port fail here, before the
+    model loads."""
+    from celeris.server.app import ServerSettings, check_distinct_ports
+
+    settings = ServerSettings(host=a.host, port=a.grpc_port, api_token=a.api_token, rate_limit=a.rate_limit,
+                              drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
+                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=http_port(a),
+                              metrics_on_http=a.metrics_on_http_port,
+                              trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
+                              max_streams_per_connection=a.max_streams_per_connection,
+                              max_health_watches=a.max_health_watches,
+                              max_health_watches_per_client=a.max_health_watches_per_client,
+                              max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
+                              header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
+                              allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
+                              served_model_names=served_names(a.served_model_names, repo_id),
+                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile,
+                              tool_call_parser=a.tool_call_parser, reasoning_parser=a.reasoning_parser)
+    check_distinct_ports(settings)
+    return settings
+
+
 def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.engine.llm import LLM
     from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
-    from celeris.server.app import ServerSettings
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
     from celeris.server.tools_api import check_names
 
@@ -196,7 +218,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     check_names(a.tool_call_parser, a.reasoning_parser)  # unknown parser names, before the model loads
     apply_model_len(a)  # --max-model-len as the prompt and canvas limits
     check_engine_flags(a)  # vLLM's engine flags; --gpu-memory-utilization's cap before anything is allocated
-    allowed_origins = origins(a.allowed_origins)
+    settings = settings_from_args(a, source.repo_id, origins(a.allowed_origins))
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=log_level(a).upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
@@ -213,20 +235,6 @@ def serve_from_args(a: argparse.Namespace) -> int:
         from celeris.engine.loop.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
-    settings = ServerSettings(host=a.host, port=a.grpc_port, api_token=a.api_token, rate_limit=a.rate_limit,
-                              drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
-                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=http_port(a),
-                              metrics_on_http=a.metrics_on_http_port,
-                              trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
-                              max_streams_per_connection=a.max_streams_per_connection,
-                              max_health_watches=a.max_health_watches,
-                              max_health_watches_per_client=a.max_health_watches_per_client,
-                              max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
-                              header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
-                              allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
-                              served_model_names=served_names(a.served_model_names, source.repo_id),
-                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile,
-                              tool_call_parser=a.tool_call_parser, reasoning_parser=a.reasoning_parser)
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:
         lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))

