@@ -32,7 +32,7 @@ from tests.integration.server_process import ROOT, ServerProcess
 MARKER = "<!-- runnable -->"
 NOT_RUNNABLE = re.compile(r"<!-- not-runnable: (.{12,}) -->")  # a reason, not a shrug
 FENCES = ("```bash", "```sh")
-COMMANDS, BLOCKS = 27, 9
+COMMANDS, BLOCKS = 32, 11
 GRPC_PORT, HTTP_PORT = 50051, 8000
 TOOLS = ("grpcurl", "curl", "jq")
 
