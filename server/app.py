@@ -125,6 +125,7 @@ class CelerisServer:
 
     async def _start(self) -> int:
         s = self.settings
+        check_distinct_ports(s)  # two doors asking for one port: say so, before the OS blames "another program"
         self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step, max_open=s.max_streams,
                                    thread=self.thread, unread_timeout=s.unread_timeout_s)
         self.scheduler.max_open_per_owner = client_share(s.max_streams_per_client, self.scheduler.max_open,
@@ -152,7 +153,6 @@ class CelerisServer:
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME], self.grpc)
-        check_distinct_ports(s)  # two doors asking for one port: say so, before the OS blames "another program"
         if s.port != 0:  # gRPC core would print its own error line for a taken port: ask the OS first
             _free(s.host, s.port, "gRPC")
         self.port = _bound(lambda: self._add_port(f"{s.host}:{s.port}"), "gRPC", s.host, s.port)

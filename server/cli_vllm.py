@@ -102,7 +102,7 @@ def add_vllm_engine_args(ap: argparse.ArgumentParser) -> None:
                     help="accepted for vLLM's command lines: request log lines never carry prompt text unless "
                          "--log-prompts asks (the two conflict)")
     for flag, why in REFUSED.items():
-        ap.add_argument(flag, action=Refused, metavar="-", help=f"refused: {why}")
+        ap.add_argument(flag, action=Refused, metavar="VALUE", help=f"refused: {why}")
 
 
 def log_level(a: argparse.Namespace) -> str:
