@@ -2,7 +2,7 @@
 in another (clients/stream_load.py), the in-process engine beside them in the same run.
 
     python scripts/bench_serving.py            # concurrency 1,16,64 x gen_length 64,256 x stream modes, 3 repeats
-    python scripts/bench_serving.py --quick    # a smoke configuration (~1 min on 2 cores)
+    python scripts/bench_serving.py --quick    # a smoke configuration (57 CPU-s; docs/benchmarks.md)
 
 Per cell (concurrency, gen_length, stream mode) and repeat: output tokens/s (client wall time),
 time to first message and latency (p50/p95), messages and bytes per request (sum of ByteSize()),

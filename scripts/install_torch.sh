@@ -33,7 +33,15 @@ else
   fi
   python3 -m pip install --quiet "$TORCH_SPEC"
 fi
-built=$(python3 -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU only")')
+# The build is read from torch/version.py, without importing torch: numpy is not installed yet
+# (setup.sh installs it next), and importing torch without it warns "Failed to initialize NumPy".
+built=$(python3 - <<'PY'
+import importlib.util, pathlib
+ns = {}
+exec(pathlib.Path(importlib.util.find_spec("torch").origin).with_name("version.py").read_text(), ns)
+print(ns["__version__"], "CUDA " + ns["cuda"] if ns.get("cuda") else "CPU only")
+PY
+)
 echo "install_torch.sh: torch for $want from $source: installed torch $built"
 case "$want:$built" in
   cpu:*CUDA*) echo "install_torch.sh: this is a CUDA build on a machine without a GPU; for the smaller CPU build run" \

@@ -84,7 +84,7 @@ class ServeProcess:
     def __init__(self, model: Optional[Path], threads: int, max_batch: int, kv_cache: str, log_path: Path,
                  max_gen_length: int = 512, simulate_step_ms: Optional[float] = None, extra: tuple[str, ...] = ()):
         self.port, self.metrics_port, self.log_path = free_port(), free_port(), log_path
-        self.argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--host", "127.0.0.1", "--grpc-port", str(self.port),
                      "--metrics-port", str(self.metrics_port), "--threads", str(threads),
                      "--max-batch", str(max_batch), "--max-queue", str(4 * max_batch), "--kv-cache", kv_cache,
                      "--max-gen-length", str(max(512, max_gen_length)), "--log-format", "json",
@@ -94,7 +94,7 @@ class ServeProcess:
         if simulate_step_ms is not None:
             self.argv += ["--simulate-step-ms", str(simulate_step_ms)]
         self.argv += list(extra)  # e.g. --device cuda --dtype bfloat16 (scripts/bench_gpu_served.py)
-        if "--http-port" not in extra:  # HTTP is on by default (port 8000); the benchmarks speak gRPC
+        if not {"--port", "--http-port"} & set(extra):  # HTTP is on by default (port 8000); the benchmarks speak gRPC
             self.argv.append("--no-http")
         self.proc: Optional[subprocess.Popen] = None
 

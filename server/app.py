@@ -27,6 +27,7 @@ from celeris.server.guard import Guard
 from celeris.server.health import MAX_WATCHES, MAX_WATCHES_PER_CLIENT, Health
 from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
 from celeris.server.lifecycle import Lifecycle
+from celeris.server.malformed import MalformedInterceptor, request_types
 from celeris.server.servicer import GenerationServicer
 from celeris.server.tools_api import resolve
 from celeris.server.telemetry import Telemetry
@@ -63,7 +64,7 @@ class ServerSettings:
     max_connection_age_grace_s: float = 150.0
     metrics_port: Optional[int] = None
     metrics_host: Optional[str] = None  # None: the gRPC host
-    metrics_on_http: bool = False  # also serve /metrics on the HTTP gateway's port (as vLLM does)
+    metrics_on_http: bool = True  # /metrics on the HTTP gateway's port too (as vLLM does)
     http_port: Optional[int] = None
     allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
     allowed_hosts: tuple[str, ...] = ()  # HTTP Host names served beside loopback ones; ("*",) = any (http_extras)
@@ -124,25 +125,29 @@ class CelerisServer:
 
     async def _start(self) -> int:
         s = self.settings
+        check_distinct_ports(s)  # two doors asking for one port: say so, before the OS blames "another program"
         self.scheduler = Scheduler(self.llm.loop, on_step=self.telemetry.on_step, max_open=s.max_streams,
                                    thread=self.thread, unread_timeout=s.unread_timeout_s)
         self.scheduler.max_open_per_owner = client_share(s.max_streams_per_client, self.scheduler.max_open,
                                                          self.llm.loop.runner.slots)
-        self.telemetry.bind_scheduler(self.scheduler)
+        self.telemetry.bind_scheduler(self.scheduler, s.model_names(self.llm.name)[0])
         self.scheduler.on_dead = self._cannot_serve
         self.scheduler.start()
         self.guard = Guard(s.api_token, s.rate_limit, s.rate_burst, s.trust_forwarded_for, s.rate_limit_clients)
         self.lifecycle = Lifecycle(self.llm, self.scheduler, self.telemetry, self.guard,
                                    s.max_streams_per_connection)
-        interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard)]
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        unary = request_types(generation_pb2.DESCRIPTOR.services_by_name["GenerationService"],
+                              health_pb2.DESCRIPTOR.services_by_name["Health"])
+        # Innermost: auth is checked before a malformed request is, and the access log sees its code.
+        interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard), MalformedInterceptor(unary)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0],
                                resolve(self.llm.tokenizer.chat_template, s.tool_call_parser, s.reasoning_parser,
                                        self.llm.tokenizer.special_markers)),
             self.grpc)
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.grpc)
         reflection.enable_server_reflection([
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
@@ -242,6 +247,24 @@ async def _door(name: str, stopping, say) -> None:
     say("server.door_closing", door=name)
     await stopping
     say("server.door_closed", door=name)
+
+
+_FLAGS = {"gRPC": "--grpc-port", "HTTP": "--port", "metrics": "--metrics-port"}
+_ANY_HOST = ("", "::", "0.0.0.0")
+
+
+def check_distinct_ports(s: ServerSettings) -> None:
+    """PortInUse naming both doors when this server asks for one port twice (`--grpc-port 8000
+    --port 8000`): the second bind would fail as if another program held the port."""
+    doors = [("gRPC", s.host, s.port), ("HTTP", s.host, s.http_port),
+             ("metrics", s.metrics_host or s.host, s.metrics_port)]
+    doors = [(door, host.strip("[]"), port) for door, host, port in doors if port]  # None, 0: none or any
+    for i, (door, host, port) in enumerate(doors):
+        for other, other_host, other_port in doors[:i]:
+            if port == other_port and (host == other_host or host in _ANY_HOST or other_host in _ANY_HOST):
+                hint = "; --port is the HTTP port, as in vLLM" if "HTTP" in (door, other) else ""
+                raise PortInUse(f"{door} port {port} on {host or '::'} is this server's {other} port too: give "
+                                f"each door its own ({_FLAGS[other]} {port} and {_FLAGS[door]} {port} were asked{hint})")
 
 
 def _free(host: str, port: int, door: str) -> None:

@@ -90,7 +90,8 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
                         expert_parallel=getattr(a, "expert_parallel", False),
                         collective_timeout_s=getattr(a, "collective_timeout", 120.0),
-                        quantization=getattr(a, "quantization", None), **prefill_config(a, kw), **kw)
+                        quantization=getattr(a, "quantization", None),
+                        cuda_graphs=not getattr(a, "enforce_eager", False), **prefill_config(a, kw), **kw)
 
 
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:

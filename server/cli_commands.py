@@ -13,7 +13,8 @@ from typing import Optional
 from celeris.engine.errors import EngineError
 from celeris.server.cli_args import add_model_args, engine_config_from_args
 from celeris.server.cli_model import model_from_args
-from celeris.server.cli_vllm import add_vllm_args, apply_model_len, apply_to_model, origins, tls_files
+from celeris.server.cli_vllm import (add_vllm_args, apply_model_len, apply_to_model, check_engine_flags, log_level,
+                                     origins, tls_files)
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -50,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     from celeris.engine.training.train import add_train_args
 
-    tr = sub.add_parser("train", help="train celeris-tiny from scratch (2 CPU cores, ~45 min)")
+    tr = sub.add_parser("train", help="train celeris-tiny from scratch (45.9 + 8.0 min on 2 idle AMD EPYC cores, "
+                                      "2026-12-04: its model card)")
     add_train_args(tr)
     tr.set_defaults(func=cmd_train)
 
@@ -79,11 +81,15 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--host", default=os.environ.get("CELERIS_HOST", d.host),
                     help="bind address (default $CELERIS_HOST, else %(default)s: this machine only; "
                     "[::] or 0.0.0.0 for every interface, as the container images do)")
-    ap.add_argument("--port", type=int, default=d.port, help="gRPC port (default %(default)s)")
-    ap.add_argument("--http-port", type=int, default=_env_port("CELERIS_HTTP_PORT", HTTP_PORT),
-                    help="the OpenAI-compatible HTTP API and the web page (default $CELERIS_HTTP_PORT, else "
-                         f"{HTTP_PORT}, vLLM's port; 0 = off)")
-    ap.add_argument("--no-http", action="store_true", help="serve gRPC only (the same as --http-port 0)")
+    # --port is vLLM's: the OpenAI API's port. It used to name the gRPC port, now --grpc-port's.
+    ap.add_argument("--port", "--http-port", dest="http_port", type=int,
+                    default=_env_port("CELERIS_HTTP_PORT", HTTP_PORT),
+                    help="the OpenAI-compatible HTTP API, the web page and /metrics, as vLLM's --port (default "
+                         f"$CELERIS_HTTP_PORT, else {HTTP_PORT}; 0 = off; --http-port is the same flag)")
+    ap.add_argument("--grpc-port", type=int, default=_env_port("CELERIS_GRPC_PORT", d.port),
+                    help="the gRPC API (default $CELERIS_GRPC_PORT, else %(default)s; earlier releases called it "
+                         "--port, which is the HTTP port now, as in vLLM)")
+    ap.add_argument("--no-http", action="store_true", help="serve gRPC only (the same as --port 0)")
     ap.add_argument("--served-model-name", dest="served_model_names", nargs="+", metavar="NAME", default=None,
                     help="the model name HTTP clients send and /v1/models lists, then aliases; other names get "
                          "404 model_not_found (default: the model's own name)")
@@ -95,11 +101,12 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                          "ignored; * = any). Bound to loopback, other Hosts get 421 (DNS rebinding); bound elsewhere, "
                          "Host is checked only when names are given")
     ap.add_argument("--metrics-port", type=int, default=_env_port("CELERIS_METRICS_PORT", None),
-                    help="serve Prometheus /metrics on this port (no token asked: bind it where only the scraper "
-                         "reaches, see --metrics-host)")
+                    help="serve Prometheus /metrics on this port too (no token asked: bind it where only the "
+                         "scraper reaches, see --metrics-host)")
     ap.add_argument("--metrics-host", default=None, help="bind address of /metrics (default: --host)")
-    ap.add_argument("--metrics-on-http-port", action="store_true",
-                    help="also serve Prometheus /metrics on --http-port, as vLLM does on its API port (no token)")
+    ap.add_argument("--metrics-on-http-port", action=argparse.BooleanOptionalAction, default=True,
+                    help="serve Prometheus /metrics on --port too, as vLLM does on its API port (no token; default "
+                         "on: --no-metrics-on-http-port keeps it to --metrics-port)")
     ap.add_argument("--api-key", "--api-token", dest="api_token", default=os.environ.get("CELERIS_API_TOKEN"),
                     help="require 'authorization: Bearer KEY' (vLLM's name; --api-token is the same flag; "
                          "default: $CELERIS_API_TOKEN; unset = no auth)")
@@ -137,10 +144,11 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--grace-seconds", type=float, default=d.grace_seconds)
     ap.add_argument("--trace-exporter", default="auto", choices=("auto", "otlp", "console", "none"),
                     help="auto = OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else none")
-    ap.add_argument("--log-prompts", action="store_true", help="include prompt text in logs (off by default)")
+    ap.add_argument("--log-prompts", "--enable-log-requests", dest="log_prompts", action="store_true",
+                    help="include prompt text in logs (off by default; --enable-log-requests is vLLM's name)")
     ap.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
-    ap.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                    help="debug adds health probes (gRPC Check/Watch, HTTP /health) to the access log")
+    ap.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None,
+                    help="debug adds health probes (gRPC Check/Watch, HTTP /health) to the access log (default info)")
     # Hidden, for scripts/bench_serving.py: each step sleeps this long instead of running the model.
     ap.add_argument("--simulate-step-ms", type=float, default=None, help=argparse.SUPPRESS)
 
@@ -155,7 +163,7 @@ def _env_port(name: str, default: Optional[int]):
 
 
 def http_port(a: argparse.Namespace) -> Optional[int]:
-    """The HTTP gateway's port, or None when it is off (--no-http, --http-port 0)."""
+    """The HTTP gateway's port, or None when it is off (--no-http, --port 0)."""
     return None if a.no_http or not a.http_port else a.http_port
 
 
@@ -175,10 +183,32 @@ def check_api_key(key: Optional[str]) -> None:
                           "leave both unset to serve without one")
 
 
+def settings_from_args(a: argparse.Namespace, repo_id: Optional[str], allowed_origins: tuple[str, ...]):
+    """The server's settings from the flags; two doors asking for one port fail here, before the
+    model loads."""
+    from celeris.server.app import ServerSettings, check_distinct_ports
+
+    settings = ServerSettings(host=a.host, port=a.grpc_port, api_token=a.api_token, rate_limit=a.rate_limit,
+                              drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
+                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=http_port(a),
+                              metrics_on_http=a.metrics_on_http_port,
+                              trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
+                              max_streams_per_connection=a.max_streams_per_connection,
+                              max_health_watches=a.max_health_watches,
+                              max_health_watches_per_client=a.max_health_watches_per_client,
+                              max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
+                              header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
+                              allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
+                              served_model_names=served_names(a.served_model_names, repo_id),
+                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile,
+                              tool_call_parser=a.tool_call_parser, reasoning_parser=a.reasoning_parser)
+    check_distinct_ports(settings)
+    return settings
+
+
 def serve_from_args(a: argparse.Namespace) -> int:
     from celeris.engine.llm import LLM
     from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
-    from celeris.server.app import ServerSettings
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
     from celeris.server.tools_api import check_names
 
@@ -187,8 +217,9 @@ def serve_from_args(a: argparse.Namespace) -> int:
     tls_files(a)  # unreadable or half-given TLS files fail before the model loads
     check_names(a.tool_call_parser, a.reasoning_parser)  # unknown parser names, before the model loads
     apply_model_len(a)  # --max-model-len as the prompt and canvas limits
-    allowed_origins = origins(a.allowed_origins)
-    configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=a.log_level.upper())
+    check_engine_flags(a)  # vLLM's engine flags; --gpu-memory-utilization's cap before anything is allocated
+    settings = settings_from_args(a, source.repo_id, origins(a.allowed_origins))
+    configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=log_level(a).upper())
     # Default: the CPUs this process may use (affinity, cgroup quota), less one for the event
     # loop from 4 CPUs on (engine/threads.py says why).
     threads = configure_threads(a.threads, serving=True)
@@ -204,20 +235,6 @@ def serve_from_args(a: argparse.Namespace) -> int:
         from celeris.engine.loop.sim_runner import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
-    settings = ServerSettings(host=a.host, port=a.port, api_token=a.api_token, rate_limit=a.rate_limit,
-                              drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
-                              metrics_port=a.metrics_port, metrics_host=a.metrics_host, http_port=http_port(a),
-                              metrics_on_http=a.metrics_on_http_port,
-                              trust_forwarded_for=a.trust_forwarded_for, max_streams=a.max_streams,
-                              max_streams_per_connection=a.max_streams_per_connection,
-                              max_health_watches=a.max_health_watches,
-                              max_health_watches_per_client=a.max_health_watches_per_client,
-                              max_streams_per_client=a.max_streams_per_client, unread_timeout_s=a.unread_timeout,
-                              header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
-                              allowed_origins=allowed_origins, allowed_hosts=tuple(a.allowed_hosts or ()),
-                              served_model_names=served_names(a.served_model_names, source.repo_id),
-                              ssl_keyfile=a.ssl_keyfile, ssl_certfile=a.ssl_certfile,
-                              tool_call_parser=a.tool_call_parser, reasoning_parser=a.reasoning_parser)
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
     try:
         lost = asyncio.run(_serve(llm, settings, telemetry, thread, threads))

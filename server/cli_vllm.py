@@ -4,8 +4,12 @@
 accepted: auto tool choice is on whenever a parser is known), `--allowed-origins '["*"]'` (vLLM's JSON-list form) and
 `--ssl-keyfile/--ssl-certfile` (TLS on both doors), `--max-model-len` (prompt + generated tokens,
 mapped onto the prompt and canvas limits) and `--seed` (the seeds of requests that give none are
-drawn from a generator seeded with it). What is left out, and why, is the "coming
-from vLLM" table of docs/http.md."""
+drawn from a generator seeded with it), `--enforce-eager` (no CUDA graphs), `--gpu-memory-utilization`
+(a cap on this process's share of the GPU), `--kv-cache-dtype auto`, `--uvicorn-log-level` (the log
+level), and two that ask for what Celeris always does (`--trust-remote-code`: no checkpoint code is
+ever run; `--disable-log-requests`: no prompt text is logged). Flags of vLLM's that have no meaning
+here are refused by `Refused`, one line saying why and what to use instead. What is left out, and
+why, is the "coming from vLLM" table of docs/http.md."""
 
 from __future__ import annotations
 
@@ -41,9 +45,90 @@ def add_vllm_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="accepted for vLLM's command lines: tool_choice \"auto\" is on whenever a tool-call "
                          "parser is known")
+    add_vllm_engine_args(ap)
     ap.add_argument("--seed", type=int, default=None,
                     help="requests without a seed get theirs from a generator seeded with this, so a restarted "
                          "server answers the same requests in the same order the same way (default: the OS's)")
+
+
+# vLLM's log levels (uvicorn's) as Celeris' --log-level choices.
+_LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warning": "warning", "error": "error",
+               "critical": "error"}
+# vLLM flags with no meaning in Celeris: the reason, and what to use instead.
+REFUSED = {
+    "--pipeline-parallel-size": "Celeris splits a model by tensor parallelism only; use --tensor-parallel-size",
+    "--swap-space": "Celeris keeps no paged KV blocks to swap to the CPU; bound memory with --max-num-seqs and "
+                    "--max-model-len",
+    "--block-size": "Celeris keeps no paged KV blocks; a block model's block length is the checkpoint's own",
+    "--cpu-offload-gb": "Celeris does not offload weights; use --quantization fp8 or --tensor-parallel-size",
+    "--tokenizer": "the tokenizer is the checkpoint folder's own; give a folder that holds the one you want",
+}
+
+
+class Refused(argparse.Action):
+    """A vLLM flag Celeris has no use for: exit 2 with one line (the reason and what to use
+    instead), never argparse's "unrecognized arguments"."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.exit(2, f"celeris serve: error: {option_string}: {REFUSED[option_string]}\n")
+
+
+class KvCacheDtype(argparse.Action):
+    """`--kv-cache-dtype auto` (the model's dtype, vLLM's default) is what Celeris does; any other
+    is refused in one line."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values != "auto":
+            parser.exit(2, f"celeris serve: error: --kv-cache-dtype {values}: the KV cache is kept in the model's "
+                           "dtype (--dtype); only auto is served\n")
+        setattr(namespace, self.dest, values)
+
+
+def add_vllm_engine_args(ap: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags honoured under their own meaning, or refused with the reason."""
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="CUDA: run every step eagerly, no CUDA graphs (vLLM's flag; moot on the CPU)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="FRACTION",
+                    help="CUDA: the most of the GPU's memory this server may allocate, 0-1 (torch's per-process "
+                         "cap; Celeris reserves no KV pool, so this is a ceiling, not a reservation; moot on the CPU)")
+    ap.add_argument("--kv-cache-dtype", action=KvCacheDtype, default="auto", metavar="auto",
+                    help="auto only: the KV cache is kept in the model's dtype")
+    ap.add_argument("--trust-remote-code", action="store_true",
+                    help="accepted for vLLM's command lines: Celeris runs no code from a checkpoint (its own "
+                         "implementation of each architecture it knows loads the weights)")
+    ap.add_argument("--uvicorn-log-level", choices=tuple(_LOG_LEVELS), default=None,
+                    help="vLLM's name for the log level: sets --log-level (trace = debug, critical = error)")
+    ap.add_argument("--disable-log-requests", action="store_true",
+                    help="accepted for vLLM's command lines: request log lines never carry prompt text unless "
+                         "--log-prompts asks (the two conflict)")
+    for flag, why in REFUSED.items():
+        ap.add_argument(flag, action=Refused, metavar="VALUE", help=f"refused: {why}")
+
+
+def log_level(a: argparse.Namespace) -> str:
+    """--log-level, else --uvicorn-log-level's, else info."""
+    if a.log_level is None and a.uvicorn_log_level is not None:
+        return _LOG_LEVELS[a.uvicorn_log_level]
+    return a.log_level or "info"
+
+
+def check_engine_flags(a: argparse.Namespace) -> None:
+    """The vLLM engine flags that can be wrong together or out of range, before the model loads;
+    and --gpu-memory-utilization's cap, set before the first allocation on the device."""
+    if a.disable_log_requests and a.log_prompts:
+        raise EngineError("--disable-log-requests and --log-prompts (--enable-log-requests) conflict: give one")
+    f = a.gpu_memory_utilization
+    if f is None:
+        return
+    if not 0 < f <= 1:
+        raise EngineError(f"--gpu-memory-utilization {f}: a fraction of the GPU's memory, above 0 and at most 1")
+    if str(a.device).startswith("cuda"):
+        if getattr(a, "tensor_parallel_size", 1) > 1:
+            raise EngineError("--gpu-memory-utilization with --tensor-parallel-size above 1: not yet (the cap is "
+                              "per process, and the workers are other processes); leave it out")
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(f, torch.device(a.device))
 
 
 def apply_model_len(a: argparse.Namespace) -> None:

@@ -43,7 +43,8 @@ class RequestTimeout(InvalidRequest):
 
 
 class PortInUse(EngineError):
-    """A door's port is taken by another process (ports are never silently shared)."""
+    """A door's port is taken by another process, or asked for by two doors of this one (ports are
+    never silently shared)."""
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE) -> str:

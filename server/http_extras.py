@@ -5,8 +5,9 @@
   -> `{"prompt": "..."}`. The same size limits as generation (a prompt that Generate would refuse
   untokenized is refused here too), tokenized off the event loop.
 - `GET /version`.
-- `GET /metrics` (Prometheus text) when `--metrics-on-http-port` asks for it, as vLLM serves it on
-  its API port; public like the separate metrics port (scrapers carry no token).
+- `GET /metrics` (Prometheus text, vLLM's `vllm:` names beside Celeris' own), as vLLM serves it on
+  its API port, unless `--no-metrics-on-http-port`; public like the separate metrics port
+  (scrapers carry no token).
 - CORS for browsers on other origins, only when `--allowed-origins` names them: an allowed
   origin gets `Access-Control-Allow-Origin` on every response (errors and event streams too)
   and its preflight `OPTIONS` answered, allowing the request headers the preflight asks for; any other origin's preflight is refused with 403.

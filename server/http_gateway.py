@@ -29,7 +29,7 @@ from celeris.engine.llm import LLM
 from celeris.engine.loop.scheduler import Scheduler
 from celeris.engine.loop.sequence import Sequence, StepEvent
 from celeris.server import openai_api, tools_api
-from celeris.server.errors import RequestTimeout, error_body
+from celeris.server.errors import RequestTimeout
 from celeris.server.http_body import read_json
 from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
 from celeris.server import http_extras, http_vllm
@@ -168,11 +168,9 @@ class HttpGateway:
             resp = await handler(request)
             status = resp.status
             return resp
-        except web.HTTPException as e:
+        except web.HTTPException as e:  # no such route (404), another method (405): JSON saying which
             status = e.status
-            code = "not_found" if e.status == 404 else None
-            body = error_body(e.reason, "invalid_request_error", None, code)
-            return web.json_response(body, status=e.status)
+            return http_vllm.http_error(request, e)
         except asyncio.CancelledError:
             status = 499  # the client went away
             raise
@@ -378,7 +376,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/tokenize", http_extras.tokenize, "prompt -> token ids (vLLM)"),
     Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
     Route("GET", "/version", http_extras.get_version, "the server's version", public=True),
-    Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (--metrics-on-http-port)", public=True,
+    Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
           flag="metrics_on_http"),
     Route("GET", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
     Route("POST", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),

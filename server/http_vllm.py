@@ -1,7 +1,9 @@
 """vLLM's side endpoints on the HTTP gateway: `/ping` (SageMaker's health path, GET and POST, as
 vLLM serves it) and `/openapi.json`, an OpenAPI 3.1 description of the routes the gateway serves
 (its route table, http_gateway.ROUTES), whose request schema is generated from the knob table
-(engine/sampling/knobs.py), so it cannot drift from what the parser accepts."""
+(engine/sampling/knobs.py), so it cannot drift from what the parser accepts. And the answer to a
+route the gateway does not serve: 404 in OpenAI's error shape, saying so (and what to use where
+Celeris has one), never a bare "Not Found"."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, Iterable
 from aiohttp import web
 
 from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
+from celeris.server.errors import error_body
 
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
@@ -91,3 +94,33 @@ async def openapi_json(gw: Any, request: web.Request) -> web.Response:
     except PackageNotFoundError:
         v = "0"
     return web.json_response(openapi("Celeris (OpenAI-compatible HTTP API)", v, gw.routes()))
+
+
+# Routes of OpenAI's and vLLM's servers that a client may try here, and what Celeris offers instead.
+UNSERVED = {
+    "/v1/responses": "the Responses API is not served yet; POST /v1/chat/completions is",
+    "/v1/messages": "the Messages API is not served yet; POST /v1/chat/completions is",
+    "/v1/embeddings": "Celeris serves generative diffusion models: there is no embedding model to ask",
+    "/pooling": "Celeris serves generative diffusion models: there is no pooling model to ask",
+    "/score": "Celeris serves generative diffusion models: there is no scoring model to ask",
+    "/rerank": "Celeris serves generative diffusion models: there is no reranking model to ask",
+    "/v1/rerank": "Celeris serves generative diffusion models: there is no reranking model to ask",
+    "/metrics": "/metrics is off on this port (--no-metrics-on-http-port): scrape --metrics-port",
+}
+
+
+def http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own 404 (no such route) and 405 (the route takes another method) as JSON that
+    says which, in OpenAI's error shape; other statuses keep aiohttp's reason."""
+    where = f"{request.method} {request.path[:200]}"
+    if exc.status == 404:
+        why = UNSERVED.get(request.path.rstrip("/"), "GET /openapi.json lists the routes it serves")
+        body = error_body(f"{where}: not a route Celeris serves; {why}", "invalid_request_error", None, "not_found")
+    elif exc.status == 405:
+        allowed = sorted(getattr(exc, "allowed_methods", ()) or ())
+        body = error_body(f"{where}: this route takes {' or '.join(allowed) or 'another method'}",
+                          "invalid_request_error", None, "method_not_allowed")
+    else:
+        body = error_body(exc.reason, "invalid_request_error", None, None)
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    return web.json_response(body, status=exc.status, headers=headers)

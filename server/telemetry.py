@@ -13,7 +13,8 @@
 - Request spans are started and ended explicitly, never attached to the context: a stream's
   handler may be closed from another context (a client cancel), and detaching there is what made
   OpenTelemetry log "Failed to detach context".
-- Metrics: Prometheus, `celeris_*`, served on their own port.
+- Metrics: Prometheus, `celeris_*`, and the same series under vLLM's `vllm:` names
+  (server/metrics_vllm.py), on the HTTP port and on their own port.
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ class Metrics:
         self.latency = Histogram("celeris_request_latency_seconds", "Generate end-to-end latency",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.generated_tokens = Counter("celeris_generated_tokens_total", "Generated non-EOS tokens", registry=r)
+        self.prompt_tokens = Counter("celeris_prompt_tokens_total", "Prompt tokens of finished requests (cached "
+                                     "ones included)", registry=r)
         self.forward_passes = Counter("celeris_forward_passes_total", "Model calls (a batched step makes one per "
                                       "group: cache refresh, cached, CFG rows twice)", registry=r)
         self.steps = Counter("celeris_steps_total", "Batched denoising steps", registry=r)
@@ -246,6 +249,7 @@ class RequestObserver:
     def finish(self, ev: StepEvent) -> None:
         generated = len(ev.generated)
         self.tel.metrics.generated_tokens.inc(generated)
+        self.tel.metrics.prompt_tokens.inc(ev.prompt_tokens)
         reason = ev.finish_reason.value if ev.finish_reason else "length"
         self.span.set_attributes({"celeris.finish_reason": reason, "celeris.generated_tokens": generated,
                                   "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps,
@@ -302,8 +306,11 @@ class Telemetry:
         self.log.info("request.started", peer=peer, door=attributes.get("celeris.door"), **extra)
         return obs
 
-    def bind_scheduler(self, scheduler: Scheduler) -> None:
-        """Gauges read the scheduler at scrape time, so they never go stale between steps."""
+    def bind_scheduler(self, scheduler: Scheduler, model_name: str = "") -> None:
+        """Gauges read the scheduler at scrape time, so they never go stale between steps; the
+        vLLM-named series (labelled with `model_name`, the served name) read the same ones."""
+        from celeris.server.metrics_vllm import VllmNames
+
         self.metrics.queue_depth.set_function(lambda: scheduler.queued)
         self.metrics.running.set_function(lambda: scheduler.running)
         self.metrics.open_streams.set_function(lambda: scheduler.open)
@@ -311,6 +318,8 @@ class Telemetry:
         prefixes = getattr(scheduler.core.runner, "prefixes", None)  # block models' prefix cache, when on
         if prefixes is not None:
             self.metrics.registry.register(PrefixCacheCollector(prefixes.cache.stats))
+        stats = prefixes.cache.stats if prefixes is not None else None
+        self.metrics.registry.register(VllmNames(self.metrics, model_name, stats))
 
     def on_step(self, record: StepRecord) -> None:
         s = record.stats

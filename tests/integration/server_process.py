@@ -1,6 +1,6 @@
 """`celeris serve` as a real child process on loopback, for tests that kill, signal or soak it.
 
-`--port 0` would not tell the test which port was bound, so a free port is picked first and
+`--grpc-port 0` would not tell the test which port was bound, so a free port is picked first and
 passed explicitly; a restarted server can then reuse it.
 """
 
@@ -39,9 +39,9 @@ class ServerProcess:
         self.log_path = log_path
         self.env = env or {}
         self.argv = [sys.executable, "-X", "faulthandler", "-m", module, "serve", "--model", str(model_dir),
-                     "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                     "--host", "127.0.0.1", "--grpc-port", str(self.port), "--metrics-port", str(self.metrics_port),
                      "--threads", "1", "--log-format", "json", *extra]
-        if "--http-port" not in extra:  # HTTP is on by default (port 8000): parallel tests must not share it
+        if not {"--port", "--http-port"} & set(extra):  # HTTP is on by default (port 8000): tests must not share it
             self.argv.append("--no-http")
         self.proc: Optional[subprocess.Popen] = None
 

@@ -142,7 +142,7 @@ def test_ports_match_the_serve_flags_services_and_probes(overlay):
     docs = render(f"overlays/{overlay}")
     a = serve_args(docs)
     ports = container_ports(docs)
-    assert ports == {"grpc": a.port, "http": a.http_port, "metrics": a.metrics_port} == \
+    assert ports == {"grpc": a.grpc_port, "http": a.http_port, "metrics": a.metrics_port} == \
         {"grpc": 50051, "http": 8080, "metrics": 9090}
     for svc in (d for d in docs if d["kind"] == "Service"):
         assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "celeris"}
@@ -158,7 +158,7 @@ def test_ports_match_the_serve_flags_services_and_probes(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_use_native_grpc_health_with_the_servers_service_name(overlay):
     docs = render(f"overlays/{overlay}")
-    c, port = container(docs), serve_args(docs).port
+    c, port = container(docs), serve_args(docs).grpc_port
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = c[kind]
         assert set(probe) & {"grpc", "exec", "httpGet", "tcpSocket"} == {"grpc"}, kind
@@ -358,7 +358,7 @@ def test_dockerfile_entrypoint_ports_and_default_args_match_the_server(path):
     assert CLIENT_PYPROJECT["project"]["scripts"]["celeris"] == "celeris_client.launcher:main"
     a = build_parser().parse_args([*entry.value[1:], *cmd.value])
     exposed = {int(p) for v in instruction_values(path, "EXPOSE") for p in v.split()}
-    assert exposed == {a.port, a.http_port, a.metrics_port} == {50051, 8080, 9090}
+    assert exposed == {a.grpc_port, a.http_port, a.metrics_port} == {50051, 8080, 9090}
     for overlay in OVERLAYS:
         assert set(container_ports(render(f"overlays/{overlay}")).values()) == exposed
     assert a.device == ("cuda" if path.suffix == ".cuda" else "cpu")

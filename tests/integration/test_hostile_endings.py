@@ -200,7 +200,7 @@ def test_never_read_streams_hold_bounded_memory_then_are_abandoned(spawn):
 def test_closed_stdout_pipe_breaks_neither_serving_nor_signals(tiny_model_dir, tmp_path):
     port = free_port()
     argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--model", str(tiny_model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--threads", "1", "--log-format", "json", "--no-http"]
+            "--grpc-port", str(port), "--threads", "1", "--log-format", "json", "--no-http"]
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("CELERIS_API_TOKEN", None)
     with open(tmp_path / "stderr.log", "wb") as err:
@@ -261,7 +261,7 @@ def _serve_fails(tiny_model_dir, tmp_path, *flags: str) -> str:
     """Run `celeris serve` expected to fail at start; its stderr."""
     argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--model", str(tiny_model_dir), "--threads", "1",
             "--log-format", "json", "--host", "127.0.0.1", *flags]
-    if "--http-port" not in flags:  # HTTP's default port 8000 is not this test's to take
+    if not {"--port", "--http-port"} & set(flags):  # HTTP's default port 8000 is not this test's to take
         argv.append("--no-http")
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, timeout=120, text=True)
@@ -271,14 +271,14 @@ def _serve_fails(tiny_model_dir, tmp_path, *flags: str) -> str:
 
 def test_a_port_in_use_is_one_clear_error_on_every_door(spawn, tiny_model_dir, tmp_path):
     first = spawn()
-    err = _serve_fails(tiny_model_dir, tmp_path, "--port", str(first.port))
+    err = _serve_fails(tiny_model_dir, tmp_path, "--grpc-port", str(first.port))
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
     try:
-        errs = [err, _serve_fails(tiny_model_dir, tmp_path, "--port", str(free_port()), "--http-port", str(busy)),
-                _serve_fails(tiny_model_dir, tmp_path, "--port", str(free_port()), "--metrics-port", str(busy))]
+        errs = [err, _serve_fails(tiny_model_dir, tmp_path, "--grpc-port", str(free_port()), "--port", str(busy)),
+                _serve_fails(tiny_model_dir, tmp_path, "--grpc-port", str(free_port()), "--metrics-port", str(busy))]
     finally:
         taken.close()
     for door, port, text in zip(("gRPC", "HTTP", "metrics"), (first.port, busy, busy), errs):

@@ -316,7 +316,7 @@ async def test_concurrent_n_calls_are_admitted_whole_or_not_at_all(spawn):
 
 def test_serve_binds_loopback_unless_asked_and_deploy_asks(tiny_model_dir, tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+    argv = [sys.executable, "-m", "celeris.server.cli", "serve", "--model", str(tiny_model_dir), "--grpc-port", str(port),
             "--threads", "1", "--log-format", "json", "--no-http"]  # no --host
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     env.pop("CELERIS_API_TOKEN", None)

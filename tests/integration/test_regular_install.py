@@ -130,7 +130,7 @@ def test_the_image_command_serves_health_the_page_and_a_completion(image):
     """ENTRYPOINT + CMD as the image runs them (embedded celeris-tiny, every interface), free
     ports instead of 50051/8080/9090 and one torch thread, from a directory outside any checkout."""
     http, metrics = free_port(), free_port()
-    argv = with_free_ports(image["argv"], {"--port": free_port(), "--http-port": http, "--metrics-port": metrics})
+    argv = with_free_ports(image["argv"], {"--grpc-port": free_port(), "--port": http, "--metrics-port": metrics})
     log = image["home"] / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([*argv, "--threads", "1"], cwd=image["home"], env=image["env"] | {"OMP_NUM_THREADS": "1"},

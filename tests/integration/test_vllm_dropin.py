@@ -31,9 +31,27 @@ def test_http_is_on_by_default_on_8000_and_off_with_no_http_or_port_0(monkeypatc
     for name in ("CELERIS_HOST", "CELERIS_HTTP_PORT", "CELERIS_METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)
     a = _parse()
-    assert (a.port, http_port(a), a.host, a.metrics_port) == (50051, 8000, "127.0.0.1", None)
-    assert http_port(_parse("--no-http")) is None and http_port(_parse("--http-port", "0")) is None
-    assert http_port(_parse("--http-port", "8080")) == 8080
+    assert (a.grpc_port, http_port(a), a.host, a.metrics_port) == (50051, 8000, "127.0.0.1", None)
+    assert http_port(_parse("--no-http")) is None and http_port(_parse("--port", "0")) is None
+    assert http_port(_parse("--port", "8080")) == 8080 == http_port(_parse("--http-port", "8080"))
+
+
+def test_port_is_the_http_port_as_in_vllm_and_grpc_has_its_own_flag(monkeypatch, capsys):
+    """`--port` is vLLM's (the OpenAI API); gRPC moved to --grpc-port, and --help says so."""
+    from celeris.server.cli import build_parser
+
+    for name in ("CELERIS_HTTP_PORT", "CELERIS_GRPC_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    a = _parse("--port", "8011", "--grpc-port", "50052")
+    assert (a.http_port, a.grpc_port) == (8011, 50052)
+    assert _parse("--port", "8011").grpc_port == 50051  # gRPC stays where it was
+    monkeypatch.setenv("CELERIS_GRPC_PORT", "6000")
+    assert _parse().grpc_port == 6000
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--port HTTP_PORT, --http-port HTTP_PORT the OpenAI-compatible HTTP API" in text
+    assert "--grpc-port GRPC_PORT the gRPC API" in text and "earlier releases called it --port" in text
 
 
 def test_the_images_environment_sets_the_bind_and_ports_whatever_the_arguments(monkeypatch):
@@ -112,20 +130,23 @@ def _free(port: int) -> bool:
 
 
 @pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
-def test_a_bare_celeris_serve_answers_the_openai_sdk_on_8000(tmp_path):
+@pytest.mark.parametrize("flags", [(), ("--port", "8000")], ids=["bare", "port-8000"])
+def test_a_bare_celeris_serve_answers_the_openai_sdk_on_8000(tmp_path, flags):
     """The README's first command: `celeris serve` with no flags (the thread count aside: a test
-    machine is shared), then the openai SDK at http://127.0.0.1:8000/v1."""
+    machine is shared), then the openai SDK at http://127.0.0.1:8000/v1; and vLLM's way to say
+    so, `--port 8000`, which once collided with the server's own gRPC door."""
     openai = pytest.importorskip("openai")
     if not (_free(8000) and _free(50051)):
         pytest.skip("ports 8000 or 50051 are taken on this machine")
     proc = ServerProcess(Path("unused"), tmp_path / "serve.log")
     proc.port, proc.argv = 50051, [sys.executable, "-m", "celeris.server.cli", "serve", "--threads", "1",
-                                   "--log-format", "json"]
+                                   "--log-format", "json", *flags]
     try:
         proc.start(ready_timeout=120)
         (rec,) = [r for r in proc.records() if r.get("event") == "celeris.serving"]
         assert (rec["grpc_target"], rec["http_base_url"]) == ("127.0.0.1:50051", "http://127.0.0.1:8000/v1")
         client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+        assert [m.id for m in client.models.list()] == ["celeris-tiny"]
         out = client.chat.completions.create(model="celeris-tiny", max_tokens=8,
                                              messages=[{"role": "user", "content": "What is 37+45?"}])
         assert out.choices[0].message.content is not None and out.usage.completion_tokens > 0

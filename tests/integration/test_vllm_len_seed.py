@@ -69,7 +69,7 @@ def test_max_model_len_over_the_models_own_limit_is_a_start_up_error():
         apply_to_model(LLM.load(), _parse("--max-model-len", "4096"))
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     env.pop("CELERIS_API_TOKEN", None)
-    out = subprocess.run([sys.executable, "-m", "celeris.server.cli", "serve", "--no-http", "--port", "0",
+    out = subprocess.run([sys.executable, "-m", "celeris.server.cli", "serve", "--no-http", "--grpc-port", "0",
                           "--threads", "1", "--max-model-len", "4096"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The names vLLM users bring: `--api-key`, `/metrics` on the API port (`--metrics-on-http-port`),
+"""The names vLLM users bring: `--api-key`, `/metrics` on the API port (on by default),
 `/tokenize` with `add_special_tokens: false`, and `stream_options.include_usage`'s last chunk with
 empty `choices` (through the official openai SDK)."""
 
@@ -103,10 +103,10 @@ def test_include_usage_without_a_stream_is_accepted_and_moot(tiny_live):
 
 @pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_api_key_flag_and_metrics_on_the_api_port(spawn):
-    """A real `celeris serve --api-key ... --metrics-on-http-port`: the key guards generation,
-    /metrics on the HTTP port answers without it and counts the request."""
+    """A real `celeris serve --port N --api-key ...`: the key guards generation, /metrics on the
+    HTTP port (there by default, as in vLLM) answers without it and counts the request."""
     http_port = free_port()
-    spawn("--http-port", str(http_port), "--api-key", "s3cret", "--metrics-on-http-port")
+    spawn("--port", str(http_port), "--api-key", "s3cret")
     base = f"http://127.0.0.1:{http_port}"
     assert post(base + "/v1/completions", {"prompt": PROSE, "max_tokens": 4})[0] == 401
     status, body = post(base + "/v1/completions", {"prompt": PROSE, "max_tokens": 4},
@@ -122,17 +122,18 @@ def test_api_key_flag_and_metrics_on_the_api_port(spawn):
     assert done >= 1  # the completion above, counted by the server these metrics describe
 
 
-def test_api_token_stays_an_alias_and_metrics_on_http_is_off_by_default():
+def test_api_token_stays_an_alias_and_metrics_on_http_is_on_by_default():
     from celeris.server.cli import build_parser
 
     p = build_parser()
     assert p.parse_args(["serve", "--api-key", "k"]).api_token == "k"
     assert p.parse_args(["serve", "--api-token", "k"]).api_token == "k"
-    assert p.parse_args(["serve"]).metrics_on_http_port is False
+    assert p.parse_args(["serve"]).metrics_on_http_port is True
+    assert p.parse_args(["serve", "--no-metrics-on-http-port"]).metrics_on_http_port is False
 
 
-def test_metrics_route_absent_without_the_flag(tiny_live):
-    _, s = tiny_live
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(s.http_url + "/metrics", timeout=30)
+def test_metrics_route_absent_when_turned_off(tiny_llm):
+    with live_server(tiny_llm, metrics_on_http=False) as s:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(s.http_url + "/metrics", timeout=30)
     assert e.value.code == 404

@@ -37,14 +37,14 @@ def _shims(tmp_path: Path, gpu: bool) -> Path:
     return bin_dir
 
 
-def _run(tmp_path: Path, index: str, gpu: bool = False) -> tuple[str, str]:
-    """The script's stdout and the pip command it ran."""
+def _run(tmp_path: Path, index: str, gpu: bool = False, env_extra: dict | None = None) -> tuple[str, str]:
+    """The script's stdout and the pip command it ran; it must write nothing to stderr."""
     bin_dir = _shims(tmp_path, gpu)
     # PATH without any real nvidia-smi: only the shims and the tools bash needs.
     path = f"{bin_dir}:" + ":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
     env = {k: v for k, v in os.environ.items() if k != "CELERIS_TORCH"} | {"PATH": path, "CELERIS_TORCH_CPU_INDEX": index}
-    out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = subprocess.run(["bash", str(SCRIPT)], env=env | (env_extra or {}), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stderr, out.stderr
     return out.stdout, (tmp_path / "pip.log").read_text().strip()
 
 
@@ -87,6 +87,17 @@ def test_a_gpu_takes_the_default_cuda_wheel(tmp_path, cpu_index):
     said, pip = _run(tmp_path, cpu_index, gpu=True)
     assert pip == "-m pip install --quiet torch==2.13.0"
     assert "torch for cuda from pip's default index" in said
+
+
+@pytest.mark.slow  # starts python a few times
+def test_no_warning_while_numpy_is_not_installed_yet(tmp_path, cpu_index):
+    """setup.sh runs this before numpy is installed: the build check must not import torch, whose
+    import then warns "Failed to initialize NumPy"."""
+    blocker = tmp_path / "no-numpy" / "numpy"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\")\n")
+    said, _ = _run(tmp_path, cpu_index, env_extra={"PYTHONPATH": str(blocker.parent)})
+    assert "installed torch 2.13.0" in said
 
 
 def test_setup_runs_it_first():
