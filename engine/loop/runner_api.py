@@ -2,16 +2,18 @@
 
 A runner owns the device state of every slot (canvases, caches) and runs one batched step:
 `StepLoop` hands it the rows that step and gets one `RowResult` per row back, plus the step's
-`StepStats`. Each family folder's runner implements it (families/canvas, block, revise);
-`sim_runner.SimulatedRunner` fakes one for benchmarks. How a runner selects its tokens is its
+`StepStats`. `StepRunner` is the base class of every runner: each family folder's
+(families/canvas, block, revise, through `ConfigCosts`) and `sim_runner.SimulatedRunner`, which
+fakes one for benchmarks. How a runner selects its tokens is its
 family's (the mask families share engine/families/selection.py): the loop only reads the rows'
 results.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence as Seq
+from typing import Any, Callable, Optional, Sequence as Seq
 
 from celeris.engine.loop.sequence import Sequence
 
@@ -54,8 +56,53 @@ class StepStats:
     forwards: int = 1  # model calls this step (more than one when cache refresh groups differ)
 
 
-class ConfigCosts:
-    """The scheduler's two cost knobs, read from a runner's EngineConfig (`self.config`): what one
+class StepRunner(abc.ABC):
+    """What `StepLoop` needs of a runner: four methods every runner writes, its `slots` and
+    `forward_overhead_tokens`, and four optional members whose defaults are here (a runner
+    overrides those it has; the loop reads them all, never probing)."""
+
+    slots: int  # rows of device state: at most this many requests run at once
+    # What one more forward costs, in tokens of padding it would save (the grouping's price).
+    forward_overhead_tokens: int
+    # The most tokens one forward may compute (rows x padded length); a larger group steps part
+    # of its rows (StepLoop.next_batch). None: no bound.
+    forward_token_budget: Optional[int] = None
+    # Whether `step` takes `during` (below): a runner that queues its device work and waits later.
+    overlaps_host: bool = False
+    # `resumable(seq) -> bool`: whether `load(seq)` into any slot, where its canvas stands,
+    # continues `seq` token for token; only such a runner preempts samples for another client's
+    # share of the slots (engine/loop/fair_share.py). None: this runner never preempts (and the
+    # fair share skips looking for samples to preempt).
+    resumable: Optional[Callable[[Sequence], bool]] = None
+
+    @abc.abstractmethod
+    def row_tokens(self, seq: Sequence) -> int:
+        """Columns this row's next forward computes: the scheduler's cost estimate."""
+
+    @abc.abstractmethod
+    def forward_kind(self, seq: Sequence) -> object:
+        """Which of the step's forwards this row joins; rows of different kinds never share one."""
+
+    @abc.abstractmethod
+    def load(self, seq: Sequence) -> None:
+        """Write a newly admitted request into its slot."""
+
+    @abc.abstractmethod
+    def step(self, seqs: Seq[Sequence], during: Optional[Callable[[], None]] = None
+             ) -> tuple[list[RowResult], StepStats]:
+        """One denoising step for every row: results in the same order. A runner whose
+        `overlaps_host` is true is given `during`, a callable it runs exactly once, after the
+        step's device work is queued and before the host waits for its results (host work
+        that overlaps the device's; `StepLoop.step_later`); the others are called without it."""
+
+    def release(self, slot: int) -> None:
+        """Called on the step thread when a request leaves its slot (finished, cancelled, failed).
+        Nothing by default: slot rows are preallocated and the next `load` overwrites them; a
+        runner holding per-request state elsewhere frees it here (the revise runner's caches)."""
+
+
+class ConfigCosts(StepRunner):
+    """A runner whose two cost knobs are read from its EngineConfig (`self.config`): what one
     more forward costs in tokens, and the most tokens one forward may compute."""
 
     config: Any
@@ -67,41 +114,6 @@ class ConfigCosts:
     @property
     def forward_token_budget(self) -> Optional[int]:
         return self.config.forward_token_budget
-
-
-class StepRunner(Protocol):
-    """What `StepLoop` needs of a runner."""
-
-    slots: int  # rows of device state: at most this many requests run at once
-
-    @property
-    def forward_overhead_tokens(self) -> int:
-        """What one more forward costs, in tokens of padding it would save (the grouping's price)."""
-
-    # Optional: `forward_token_budget` (Optional[int]), the most tokens one forward may compute
-    # (rows x padded length); a larger group steps part of its rows (StepLoop.next_batch).
-
-    def row_tokens(self, seq: Sequence) -> int:
-        """Columns this row's next forward computes: the scheduler's cost estimate."""
-
-    def forward_kind(self, seq: Sequence) -> object:
-        """Which of the step's forwards this row joins; rows of different kinds never share one."""
-
-    def load(self, seq: Sequence) -> None:
-        """Write a newly admitted request into its slot."""
-
-    def step(self, seqs: Seq[Sequence]) -> tuple[list[RowResult], StepStats]:
-        """One denoising step for every row: results in the same order. A runner whose
-        `overlaps_host` is true also takes `during`, a callable it runs exactly once, after the
-        step's device work is queued and before the host waits for its results (host work
-        that overlaps the device's; `StepLoop.step_later`)."""
-
-    # Optional: `release(slot)`, called on the step thread when a request leaves its slot
-    # (finished, cancelled, failed), by a runner that holds per-request state outside
-    # preallocated slot rows (revise_runner: each request's own cache).
-    # Optional: `resumable(seq) -> bool`, whether `load(seq)` into any slot, where its canvas
-    # stands, continues `seq` token for token; only such a runner preempts samples for another
-    # client's share of the slots (engine/loop/fair_share.py). Without it, none is ever preempted.
 
 
 def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,
