@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import celeris.engine.loop.runner_api as runner_mod  # noqa: E402
+import celeris.engine.families.selection as runner_mod  # noqa: E402
 import celeris.engine.sampling.select as sampler_mod  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402

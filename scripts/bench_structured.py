@@ -288,7 +288,7 @@ DOCUMENTS = [
 
 
 def pace(a: argparse.Namespace, tmp: Path) -> None:
-    """Whole-document requests at fewer steps than tokens (runner_api.chained), beside free ones:
+    """Whole-document requests at fewer steps than tokens (families.selection.chained), beside free ones:
     per model and `steps` (G, G/4, G/8 for G = --length), 8 document requests (the DOCUMENTS
     cycled, seeds 0-7) and 8 free ones (ignore_eos: all G tokens) in one batch, temperature 1, one
     block of G (full canvas) or block 32: median steps a request of each, the ratio, validity,

@@ -8,7 +8,7 @@ Stopped early (Ctrl-C, SIGTERM, SIGHUP) it stops its server and client processes
 `celeris serve` runs in its own process and the clients in another (bench_serving's), 16
 concurrent every-step delta streams of gen_length 256, steps 256, block 32, threshold 0.9,
 re-sent as they end. py-spy samples the server by wall time (`--idle`: waiting threads too). A
-sample is the step thread's when its stack holds `Scheduler._work`; idle when that thread waits
+sample is the step thread's when its stack holds `StepWorker.work`; idle when that thread waits
 for work (its `_kick`); the rest is the thread's busy time: a sample with a frame of the
 model's forward on its stack (engine/models/transformer.py, moe.py, gemma.py, attention.py, cache.py) is
 forward; else one with a frame of the runner around it (the runners, sampler, sampling batch,
@@ -36,13 +36,13 @@ from serving_process import ClientProcess, ServeProcess  # noqa: E402
 
 FORWARD = ("engine/models/transformer.py", "engine/models/moe.py", "engine/families/revise/model.py", "engine/models/attention.py", "engine/models/cache.py")
 RUNNER = ("engine/families/canvas/runner.py", "engine/families/block/runner.py", "engine/families/revise/runner.py", "engine/sampling/select.py",
-          "engine/sampling/batch.py", "engine/loop/runner_api.py", "engine/models/graphs.py")
+          "engine/sampling/batch.py", "engine/families/selection.py", "engine/loop/runner_api.py", "engine/models/graphs.py")
 
 
 def classify(frames: list[str]) -> str | None:
     """'idle', 'forward', 'runner', 'other' for a sample of the step thread; None for other threads."""
-    name = lambda f: f.split(" (")[0].rsplit(".", 1)[-1]  # noqa: E731  "Scheduler._work (path:line)" -> "_work"
-    at = next((i for i, f in enumerate(frames) if name(f) == "_work" and "scheduler.py" in f), None)
+    name = lambda f: f.split(" (")[0].rsplit(".", 1)[-1]  # noqa: E731  "StepWorker.work (path:line)" -> "work"
+    at = next((i for i, f in enumerate(frames) if name(f) == "work" and "step_worker.py" in f), None)
     if at is None:
         return None
     below = frames[at + 1:]

@@ -217,7 +217,7 @@ def generate(llm: LLM, results: list[dict], n: int, seeds: int, gen_length: int,
     pool = [rs[i] for i in range(max(map(len, by.values()), default=0)) for rs in by.values() if i < len(rs)][:n]
     jobs = [(r, s) for r in pool for s in range(seeds)]
     valid, length, failed, floats = collections.Counter(), 0, [], []
-    steps = steps or gen_length  # fewer: each slot chains several positions a step (runner_api.chained)
+    steps = steps or gen_length  # fewer: each slot chains several positions a step (families.selection.chained)
     params = replace(llm.defaults, gen_length=gen_length, steps=steps, block_length=32, temperature=1.0)
     t0 = time.perf_counter()
     outcomes = (http_outcomes if door == "http" else engine_outcomes)(llm, jobs, params)

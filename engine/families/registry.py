@@ -51,7 +51,7 @@ class Row:
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
     documents: bool = True  # serves structured outputs' whole-document path (else the skeleton only)
     # Scores a choice's options for typed decisions (engine/sampling/choice.py: its runner ends a
-    # step with runner_api.select_step); else such a request is refused by name.
+    # step with selection.select_step); else such a request is refused by name.
     choice_probabilities: bool = True
 
     def load(self, folder: Path, config: EngineConfig) -> Any:

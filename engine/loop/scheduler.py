@@ -1,10 +1,10 @@
 """Admission and per-request streams: `Scheduler` serves one `StepLoop` (engine/loop/step_loop.py) to
-asyncio. A step worker thread owns the loop: it steps back to back while there is work and,
-between steps, applies cancellations and admits waiting requests itself, so the event loop is never on a step's critical path (at a GPU's pace every hand-off
-through the loop is time the GPU idles). The loop only queues requests (`StepLoop.add`: a deque
-append, safe beside a step), marks cancellations for the worker, and writes each request's step
-events to its own `RequestStream`. One worker, batched forwards over the running requests —
-never one forward per request.
+asyncio. A step worker thread owns the loop (engine/loop/step_worker.py: it steps back to back,
+and applies cancellations and admits waiting requests between steps, so the event loop is never
+on a step's critical path). The event loop only queues requests (`StepLoop.add`: a deque append,
+safe beside a step), marks cancellations for the worker, and writes each request's step events to
+its own `RequestStream`. One worker, batched forwards over the running requests — never one
+forward per request.
 
 `submit_group` admits one call's samples eagerly and all or none: a full queue, too many open
 streams, the owner's (client's) share used up, draining or a duplicate id raise there, before a
@@ -19,17 +19,15 @@ reaches the stream with the result in `StepEvent.formatted`; the event loop only
 A formatter that raises does not fail the step: its exception travels in `formatted` for the
 door to raise. Only shutdown's cancel events are formatted on the loop.
 
-Step n's events are built while step n+1 runs on the device (`StepLoop.step_later`), then
-formatted and delivered beside it; the worker hands over step n's events only once step n-1's
-are in their streams, so delivery never falls more than one step behind. Events are immutable
-snapshots: formatting one reads nothing the next step writes.
+Step n's events are built while step n+1 runs on the device, then formatted and delivered beside
+it, at most one step behind (step_worker.py). Events are immutable snapshots: formatting one
+reads nothing the next step writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import logging
 import threading
 import time
@@ -41,6 +39,7 @@ from celeris.engine.loop.request_stream import DONE, RequestStream, StreamAbando
 from celeris.engine.loop.retry_after import RetryEstimate
 from celeris.engine.loop.sequence import Sequence, StepEvent
 from celeris.engine.loop.step_loop import StepLoop, StepRecord
+from celeris.engine.loop.step_worker import StepWorker, post
 from celeris.engine.threads import TensorThread, in_daemon_thread
 
 
@@ -73,14 +72,8 @@ class Scheduler:
         self._watch: Optional[asyncio.Task] = None
         # Formatter thread only: per ticket, the events folded for a lagging reader (request_stream.py).
         self._held: dict[int, StepEvent] = {}
-        # Requests to cancel, appended on the loop, applied by the worker between steps.
-        self._cancelled: collections.deque[Sequence] = collections.deque()
-        self._kick = threading.Event()  # wakes an idle worker (new work, cancellation, stop)
-        self._kick_pending = False
-        self._format_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                                      thread_name_prefix="celeris-format")
+        self.worker = StepWorker(loop_core, self._format_and_post, self._failed)
         self._worker: Optional[asyncio.Future] = None  # done when the step worker has returned
-        self._stopping = False
         self.accepting = True
         self.on_dead: Optional[Callable[[], None]] = None  # called if the step worker dies
         self.steps = 0
@@ -110,16 +103,16 @@ class Scheduler:
         if self.unread_timeout > 0 and self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_unread())
         if self._worker is None and self.thread is not None:
-            self._worker = asyncio.wrap_future(self.thread.submit(self._work, asyncio.get_running_loop()))
+            self._worker = asyncio.wrap_future(self.thread.submit(self.worker.work, asyncio.get_running_loop()))
         elif self._worker is None:  # a thread of its own (the worker catches step failures)
             loop = asyncio.get_running_loop()
-            self._worker = asyncio.wrap_future(in_daemon_thread(lambda: self._work(loop), "celeris-step"))
+            self._worker = asyncio.wrap_future(in_daemon_thread(lambda: self.worker.work(loop), "celeris-step"))
         self._worker.add_done_callback(self._worker_ended)
 
     def _worker_ended(self, worker: asyncio.Future) -> None:
         """The step worker returned: expected when stopping; otherwise nothing can be served any
         more, so refuse new work and say so (`on_dead`, e.g. health NOT_SERVING)."""
-        if self._stopping:
+        if self.worker.stopping:
             return
         self.accepting = False
         error = worker.exception() if not worker.cancelled() else None
@@ -132,8 +125,7 @@ class Scheduler:
         """Refuse new work, let the step in flight finish (the worker is never cut mid-step), then
         cancel what is left."""
         self.accepting = False
-        self._stopping = True
-        self._kick.set()
+        self.worker.stop()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -143,11 +135,11 @@ class Scheduler:
             except (asyncio.CancelledError, Exception):  # stopping must always complete
                 log.exception("the step worker failed")
             self._worker = None
-        self._apply_cancellations()  # the worker is gone: the loop owns the StepLoop now
+        self.worker.apply_cancellations()  # the worker is gone: the loop owns the StepLoop now
         for stream in list(self._live.values()):
             ev = self.core.cancel(stream.seq)
             self._deliver(stream, self._format(ev) if ev is not None else None)
-        self._format_executor.shutdown(wait=True)
+        self.worker.close()
 
     def submit(self, seq: Sequence, formatter: Optional[Formatter] = None, owner: str = "") -> RequestStream:
         """`submit_group` of one request."""
@@ -178,7 +170,7 @@ class Scheduler:
             streams.append(stream)
         self._open += len(seqs)
         self._owned[owner] += len(seqs)
-        self._kick_soon()
+        self.worker.kick_soon()
         return streams
 
     def cancel(self, request_id: str) -> None:
@@ -206,11 +198,10 @@ class Scheduler:
         if self._ids.get(stream.request_id) is stream:
             del self._ids[stream.request_id]
         if cancel:
-            self._cancelled.append(stream.seq)
             if error is not None:
                 stream.queue.put_nowait(error)
             stream.queue.put_nowait(DONE)
-            self._kick.set()
+            self.worker.cancel(stream.seq)
 
     def _release(self, stream: RequestStream) -> None:
         """Give `stream`'s place back to admission (once)."""
@@ -272,15 +263,7 @@ class Scheduler:
             stream.queue.put_nowait(exc)
             stream.queue.put_nowait(DONE)
 
-    def _apply_cancellations(self, before: Callable[[], None] = lambda: None) -> None:
-        """Cancel what the loop asked to, `before` first if any (it builds the last step's events)."""
-        cancels = [self._cancelled.popleft() for _ in range(len(self._cancelled))]
-        if cancels:
-            before()
-        for seq in cancels:
-            self.core.cancel(seq)
-
-    # ------------------------------------------------------------------ the step worker
+    # ------------------------------------------------------------------ formatting and delivery
 
     def _format(self, ev: StepEvent) -> StepEvent:
         """`ev` with its door's formatter applied (in the formatter thread, but for shutdown)."""
@@ -301,7 +284,7 @@ class Scheduler:
         once they are in their streams."""
         delivered = threading.Event()
         formatted = [self._format(ev) for ev in fold(events, self._held, self._live)]
-        if not _post(loop, self._deliver_step, formatted, delivered, record):
+        if not post(loop, self._deliver_step, formatted, delivered, record):
             delivered.set()  # no loop left to deliver to: nothing to wait for
         return delivered
 
@@ -328,82 +311,3 @@ class Scheduler:
             # it, the clients get its type only.
             self._fail(seq, exc if isinstance(exc, Unavailable) else StepFailed(
                 f"denoising step failed ({type(exc).__name__}); the server log has the details"))
-
-    def _kick_soon(self) -> None:
-        """Wake the worker at the end of this loop iteration, so requests submitted together
-        (several handlers in one iteration) join the same first step."""
-        if self._kick_pending:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # submitted from outside the loop: wake the worker at once
-            self._kick.set()
-            return
-        self._kick_pending = True
-        loop.call_soon(self._kick_now)
-
-    def _kick_now(self) -> None:
-        self._kick_pending = False
-        self._kick.set()
-
-    def _work(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The step worker (module docstring). Step n's events are built and handed over in step
-        n+1's `during` (the device's time when the runner overlaps host work), or before the
-        worker idles, cancels, fails or stops: a stalled loop stalls it after one step."""
-        previous: Optional[concurrent.futures.Future] = None
-        pending: Optional[tuple[list, Optional[StepRecord]]] = None  # the last step's events, unbuilt
-
-        def settle() -> None:  # the previous step's events are in their streams
-            nonlocal previous
-            if previous is not None:
-                waiting, previous = previous, None
-                try:
-                    waiting.result().wait()
-                except Exception:  # a bug in the hand-off must not stop the worker (nor hang the server)
-                    log.exception("handing a step's events to the event loop failed")
-
-        def publish() -> None:  # build the last step's events, hand them over (at most once)
-            nonlocal pending, previous
-            if pending is None:
-                return
-            (build, record), pending = pending, None
-            events = [b() for b in build]
-            settle()
-            # The step's record travels with its events: telemetry runs on the loop after
-            # they are delivered, one hand-off per step, nothing of it on this thread.
-            previous = self._format_executor.submit(self._format_and_post, loop, events, record)
-
-        try:
-            while True:
-                self._apply_cancellations(publish)
-                if self._stopping:
-                    return
-                if self.core.idle:
-                    publish()
-                    settle()
-                    self._kick.wait()
-                    self._kick.clear()  # then look again: whatever set it is visible by now
-                    continue
-                try:
-                    pending = self.core.step_later(during=publish)
-                except Exception as exc:  # keep serving: end this batch's requests, not the worker
-                    if isinstance(exc, Unavailable):  # e.g. a lost tensor-parallel worker, reported once elsewhere
-                        log.warning("engine unavailable; ending %d request(s): %s", len(self.core.running), exc)
-                    else:
-                        log.exception("denoising step failed; ending %d request(s)", len(self.core.running))
-                    publish()
-                    settle()  # the steps before the failure reach their streams first
-                    _post(loop, self._failed, self.core.fail_running(), exc)
-                    continue
-        finally:  # nothing a finished step produced is lost when the worker stops
-            publish()
-            settle()
-
-
-def _post(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> bool:
-    """Run fn(*args) on the event loop, from another thread; False once the loop is closed."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        return False
-    return True

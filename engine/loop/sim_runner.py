@@ -19,12 +19,12 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Sequence as Seq
 
-from celeris.engine.loop.runner_api import RowResult, StepStats
+from celeris.engine.loop.runner_api import RowResult, StepRunner, StepStats
 from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.loop.sequence import Sequence
 
 
-class SimulatedRunner:
+class SimulatedRunner(StepRunner):
     """A `runner_api.StepRunner` whose steps take a fixed time: rows cost their length, and
     every row joins the same forward."""
 

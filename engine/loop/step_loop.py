@@ -61,7 +61,7 @@ class StepLoop:
         self.max_queue = max_queue
         # What one more forward costs, in tokens of padding it would save: the grouping's price.
         self.overhead = overhead if overhead is not None else runner.forward_overhead_tokens
-        self.budget: Optional[int] = getattr(runner, "forward_token_budget", None)  # tokens a forward, at most
+        self.budget: Optional[int] = runner.forward_token_budget  # tokens a forward, at most
         self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
@@ -108,7 +108,7 @@ class StepLoop:
             return
         queued = list(self.waiting)  # a snapshot: the event loop may append meanwhile
         victims, admits = fair_share.plan(self.running, queued, len(self.free_slots), self.runner.slots,
-                                          getattr(self.runner, "resumable", None))
+                                          self.runner.resumable)
         for seq in victims:  # its canvas stays in the Sequence: loaded again, it resumes exactly
             self._release(seq)
             seq.slot = -1
@@ -123,9 +123,7 @@ class StepLoop:
         self.running.remove(seq)
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
-        release = getattr(self.runner, "release", None)  # runner_api.StepRunner: optional
-        if release is not None:
-            release(seq.slot)
+        self.runner.release(seq.slot)
 
     def _remaining(self, seq: Sequence) -> float:
         """Work left: steps left (the planned worst case for adaptive rules) x tokens per step."""
@@ -174,7 +172,7 @@ class StepLoop:
             return [], None
         batch = self.next_batch()
         started = time.time()
-        if during is not None and getattr(self.runner, "overlaps_host", False):
+        if during is not None and self.runner.overlaps_host:
             results, stats = self.runner.step(batch, during=during)
         else:
             if during is not None:

@@ -10,6 +10,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Container
 
 import pytest
 
@@ -110,9 +111,14 @@ def test_no_import_uses_a_folder_name():
 
 ENGINE = ROOT / "engine"
 FAMILIES = ("canvas", "block", "revise")
-# room -> rooms it must never import (every import, including those inside functions)
+# What tokens are selected by: the loop only loops and never imports these. It may read sampling's
+# records of a request (`sampling.params`: a Sequence carries its SamplingParams) and, until the
+# canvas family's decoding state leaves loop/sequence.py (issue 59, item 1), `sampling.schedule`.
+SAMPLING_RULES = tuple(f"sampling.{m}" for m in ("select", "screen", "filters", "noise", "choice", "reference",
+                                                  "batch", "knobs"))
+# room -> rooms (or modules) it must never import (every import, inside functions and by string too)
 WALLS = {
-    "loop": ("families", "models"),
+    "loop": ("families", "models", "structured", *SAMPLING_RULES),
     "sampling": ("loop", "families"),
     "agents": ("loop", "families", "models"),  # the chat side: templates' tools, call parsers, reasoning
     **{f"families.{f}": tuple(f"families.{g}" for g in FAMILIES if g != f) for f in FAMILIES},
@@ -125,21 +131,35 @@ def engine_module(path: Path) -> str:
     return ".".join(("celeris.engine", *parts))
 
 
+def string_imports(tree: ast.AST) -> list[ast.Call]:
+    """Every `importlib.import_module(...)`, `import_module(...)` and `__import__(...)` call."""
+    def name(f: ast.expr) -> str:
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and name(n.func) in ("import_module", "__import__")]
+
+
+def imported_by(tree: ast.AST, mods: Container[str]) -> set[str]:
+    """The modules of `mods` a module's tree imports: at its top, inside functions, and by string
+    (a literal `importlib.import_module("celeris.engine....")`); a `from package import module`
+    counts as the module."""
+    deps = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            deps.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            deps.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                        for a in node.names)
+    for call in string_imports(tree):
+        if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+            deps.add(call.args[0].value)
+    return {d for d in deps if d in mods}
+
+
 def engine_graph() -> dict[str, set[str]]:
-    """Module -> the engine modules it imports (a `from package import module` counts as the module)."""
+    """Module -> the engine modules it imports (`imported_by`)."""
     mods = {engine_module(p): p for p in sorted(ENGINE.rglob("*.py"))}
-    graph = {}
-    for mod, path in mods.items():
-        deps = set()
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                deps.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                            for a in node.names)
-        graph[mod] = {d for d in deps if d in mods and d != mod}
-    return graph
+    return {mod: imported_by(ast.parse(path.read_text(), filename=str(path)), mods) - {mod}
+            for mod, path in mods.items()}
 
 
 def wall_crossings(graph: dict[str, set[str]]) -> list[str]:
@@ -174,23 +194,48 @@ def circles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_engine_rooms_keep_their_walls():
-    """No family folder imports another; loop/ never imports families/ or models/; sampling/
-    never imports loop/ or families/; agents/ never imports loop/, families/ or models/."""
+    """No family folder imports another; loop/ never imports families/, models/, structured/ or
+    sampling's rules (what selects tokens: `SAMPLING_RULES`); sampling/ never imports loop/ or
+    families/; agents/ never imports loop/, families/ or models/."""
     assert not wall_crossings(engine_graph()), "\n".join(wall_crossings(engine_graph()))
 
 
+PLANTED = """
+import celeris.engine.structured.masks
+
+def later():
+    from celeris.engine.sampling.select import select_tokens
+    import importlib
+    return importlib.import_module("celeris.engine.families.canvas.runner")
+"""
+
+
 def test_the_wall_check_sees_a_crossing():
-    """The check itself: a loop module that imported a family would be caught, as would a circle."""
+    """The check itself: a loop module importing structured/ at its top, a sampling rule inside a
+    function or a family by string would be caught, as would a family importing another and a
+    circle closed by a string import inside a function."""
     graph = engine_graph()
-    graph["celeris.engine.loop.step_loop"] = graph["celeris.engine.loop.step_loop"] | {
-        "celeris.engine.families.canvas.runner"}
+    mods = set(graph)
+    graph["celeris.engine.loop.step_loop"] |= imported_by(ast.parse(PLANTED), mods)
     graph["celeris.engine.families.block.runner"] = graph["celeris.engine.families.block.runner"] | {
         "celeris.engine.families.revise.model"}
     assert wall_crossings(graph) == [
         "celeris.engine.families.block.runner imports celeris.engine.families.revise.model",
-        "celeris.engine.loop.step_loop imports celeris.engine.families.canvas.runner"]
-    graph["celeris.engine.sampling.params"] = graph["celeris.engine.sampling.params"] | {"celeris.engine.llm"}
+        "celeris.engine.loop.step_loop imports celeris.engine.families.canvas.runner",
+        "celeris.engine.loop.step_loop imports celeris.engine.sampling.select",
+        "celeris.engine.loop.step_loop imports celeris.engine.structured.masks"]
+    assert not any("celeris.engine.sampling.params" in c for c in circles(graph))
+    graph["celeris.engine.sampling.params"] |= imported_by(ast.parse(
+        "def f():\n    return importlib.import_module('celeris.engine.llm')\n"), mods)
     assert any("celeris.engine.sampling.params" in c for c in circles(graph))
+
+
+def test_engine_imports_by_string_name_their_module():
+    """An import by string is seen only when its name is a literal: the engine has no other kind."""
+    offenders = [f"{path.relative_to(ROOT)}:{call.lineno}" for path in sorted(ENGINE.rglob("*.py"))
+                 for call in string_imports(ast.parse(path.read_text()))
+                 if not (call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str))]
+    assert not offenders, offenders
 
 
 def test_engine_has_no_import_circle():

@@ -21,8 +21,8 @@ block's store step), padded positions of shorter rows in scratch columns no real
 attention reads each row's prefix where it lies (`cache.BlockCache`). On CUDA the block forward
 runs at static shapes (batch buckets, `attention.Spans` masks, the MoE's every-expert path) and
 replays a CUDA graph where the bucket policy allows; prefill chunks run eager. Selection is the
-full-canvas runner's (`runner_api.select_step`: `select_tokens` over a `SamplingBatch`) under
-the family's rule; the contract is `runner_api.StepRunner`.
+full-canvas runner's (`families.selection.select_step`: `select_tokens` over a `SamplingBatch`)
+under the family's rule; the contract is `runner_api.StepRunner`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import ROW_ALIGN, MoE
 from celeris.engine.models.prefix_cache import slot_prefixes
-from celeris.engine.loop.runner_api import (EMPTY, ConfigCosts, RowResult, StepStats, read_queued, select_step,
-                                            structure_row)
+from celeris.engine.families.selection import SelectionInput, select_step, structure_row
+from celeris.engine.loop.runner_api import EMPTY, ConfigCosts, RowResult, StepStats, read_queued
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 
 
@@ -267,8 +267,9 @@ class BlockRunner(ConfigCosts):
         if batch.editing is not None:  # LLaDA2.1: written tokens of the block, never the prompt's tail
             editable = real & denoise[:, None] & (ids != self.mask_id) & (pos >= prompt[:, None])
         window = Window(ids, candidate, pos, pos - prompt[:, None], canvas, prompt)
-        new, read = select_step(logits, batch, window, self.family.rule, real & denoise[:, None], constraints,
-                                [(s.params.block_length, 0) for s in rows], editable)
+        spans = [(s.params.block_length, 0) for s in rows]
+        new, read = select_step(logits, SelectionInput(batch, window, self.family.rule, real & denoise[:, None],
+                                                       constraints, spans, editable))
         for r, s in enumerate(rows):  # write committed tokens back into each slot's row
             a, e = s.block_window
             self.tokens[s.slot, a:e] = new[r, :e - a]

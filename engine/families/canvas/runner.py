@@ -6,8 +6,8 @@ positions count from each row's first real token (as the published models see an
 prompt), so a row's logits and cached keys do not depend on the batch it shares.
 A step packs the rows' geometry into one small tensor and their sampling knobs into a
 `SamplingBatch` (one host->device copy each), runs one forward whose head is evaluated only on
-each row's current-block window, selects tokens (`runner_api.select_step`, the selection tail
-the block runner ends with too), writes them back by position, and copies the per-row result to
+each row's current-block window, selects tokens (`families.selection.select_step`, the selection
+tail the block runner ends with too), writes them back by position, and copies the per-row result to
 the host once.
 On CUDA the forward of a fixed-shape bucket is captured once as a CUDA graph and replayed, in
 every mode (full, cfg, a cache block's store step, the prefix/dual cached steps over the
@@ -29,8 +29,8 @@ from celeris.engine.families.family import Family, family_of
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
-from celeris.engine.loop.runner_api import (ConfigCosts, RowResult, StepStats, read_queued, select_step,
-                                            structure_row)
+from celeris.engine.families.selection import SelectionInput, select_step, structure_row
+from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, read_queued
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.loop.sequence import Sequence
 
@@ -215,7 +215,7 @@ class Runner(ConfigCosts):
             b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
             view = self._view(b, geo)
             logits = self._replay(mode, b, geo, scale) if graph else self._forward(mode, b, view, geo, scale)
-            reads.append((members, self._select(b, geo, view, logits, batch, spans, group)))
+            reads.append((members, self._select(geo, view, logits, batch, spans, group)))
             graphed |= graph
             biggest = b if biggest is None or b.B * b.L > biggest.B * biggest.L else biggest
         results, committed = read_queued(reads, len(seqs), during)
@@ -295,19 +295,19 @@ class Runner(ConfigCosts):
             return None
         return torch.sort((~live).to(torch.uint8), dim=1, stable=True).indices[:, :K]
 
-    def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
+    def _select(self, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
                 spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> Callable[[], list[RowResult]]:
         """Select over the window and write the picks back by position; the call that reads the
         rows' results (the host's wait for the device)."""
-        B, L, W = b.B, b.L, b.W
+        (B, L), W = v.ids.shape, v.out_index.shape[1]  # the bucket's shape
         tokens = torch.gather(v.ids, 1, v.out_index)
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
         pos = geo[BLOCK_START][:, None] + w[None, :]  # generated-region positions key the noise
         constraints = [structure_row(s.constraint, s.block_start, s.params.block_length, W, s.params) for s in group]
         window = Window(tokens, candidate, pos, pos, v.ids, L - geo[GEN_LEN])
-        new, read = select_step(logits, batch, window, self.family.rule, v.in_block,
-                                constraints + [None] * (B - len(group)), spans)
+        new, read = select_step(logits, SelectionInput(batch, window, self.family.rule, v.in_block,
+                                                       constraints + [None] * (B - len(group)), spans))
         # Write back by position. Window columns past the row's end are not clamped here (the
         # duplicates would race): they land in scratch columns. Padding rows touch the spare row.
         scratch = torch.cat([v.ids, v.ids.new_full((B, W), self.mask_id)], dim=1)  # (B, L + W)

@@ -27,7 +27,8 @@ from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.families.revise.sampler import ReviseParams
 from celeris.engine.families.revise.slots import SlotState, RowStep, Stepped, step_rows
 from celeris.engine.sampling.select import token_logprobs
-from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, row_logprobs
+from celeris.engine.families.selection import row_logprobs
+from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats
 
 DENOISE = "denoise"
 

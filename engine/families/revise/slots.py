@@ -26,7 +26,7 @@ from celeris.engine.errors import RowFailed, row_error
 from celeris.engine.families.revise.model import DiffusionGemma, KVCache
 from celeris.engine.families.revise.sampler import (ReviseParams, RowDraw, RowNoise, StopRule, conditioning_input,
                                                     denoise_row_)
-from celeris.engine.loop.runner_api import NONFINITE, nonfinite_rows
+from celeris.engine.families.selection import NONFINITE, nonfinite_rows
 from celeris.engine.structured.constraint import Constraint, unpack
 
 

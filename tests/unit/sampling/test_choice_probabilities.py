@@ -95,7 +95,7 @@ def test_probabilities_are_scored_once_on_the_first_forwards_raw_logits(llm, mon
     """Scored once, on the window logits of output positions [0, H) of the first decoding forward
     (every slot position masked), option tokens then the filler (EOS); for the full-canvas family
     those logits are the model's own over prompt + an all-mask canvas."""
-    import celeris.engine.loop.runner_api as api
+    import celeris.engine.families.selection as api
 
     seq = _choice(llm, _params(llm, logprobs=0))
     ids, H = seq.constraint.choice_ids(), seq.constraint.choice_horizon

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
-ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);Scheduler._work (engine/loop/scheduler.py:375)"
+ROOT = "Thread.run (threading.py:982);TensorThread._run (engine/threads.py:201);StepWorker.work (engine/loop/step_worker.py:128)"
 
 
 def _split(raw: str):
@@ -28,7 +28,7 @@ def test_samples_are_split_by_where_the_step_thread_is():
         "MaskPredictor.forward (/x/engine/models/transformer.py:193);Block.forward (/x/engine/models/transformer.py:103) 30",
         f"{ROOT};StepLoop.step_later (engine/loop/step_loop.py:134);BlockRunner._select (engine/families/block/runner.py:214);"
         "select_tokens (engine/sampling/select.py:234) 9",
-        f"{ROOT};publish (engine/loop/scheduler.py:360);settle (engine/loop/scheduler.py:350);Event.wait (threading.py:629) 4",
+        f"{ROOT};publish (engine/loop/step_worker.py:111);settle (engine/loop/step_worker.py:101);Event.wait (threading.py:629) 4",
         "Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:81) 50",  # another thread
         "garbage line",
     ])

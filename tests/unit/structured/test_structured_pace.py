@@ -1,4 +1,4 @@
-"""A constrained request keeps the pace it asked for (runner_api.chained): with fewer steps than
+"""A constrained request keeps the pace it asked for (families.selection.chained): with fewer steps than
 tokens each slot commits several positions a step, left to right, each under its own mask; a
 threshold row chains only the picks at or above its threshold. Beside free requests, which decode
 as they do alone; a structure that breaks mid-chain ends its own request only."""
