@@ -362,6 +362,10 @@ class EngineConfig:
     # Weights packed to a low-precision format after they load (None: the model dtype): "fp8" is
     # E4M3 with per-channel scales and W8A8 matmuls (engine/models/fp8.py), vLLM's name.
     quantization: Optional[str] = None
+    # A request decodes the same tokens alone and in any batch. The CPU's forwards keep that with rows
+    # sharing them; on CUDA DiffusionGemma keeps it by running each row's forward alone, and False lets
+    # its rows share one forward (faster; cuBLAS then rounds a row by the batch's shapes).
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -81,6 +81,10 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="MoE models: whole experts per rank instead of slices of every expert")
     ap.add_argument("--collective-timeout", type=float, default=120.0, metavar="S",
                     help="tensor parallel: a rank that does not join a collective within S seconds counts as hung")
+    ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                    help="a request decodes the same tokens alone and in any batch (default on); off lets "
+                         "DiffusionGemma's rows share one forward on CUDA, where cuBLAS rounds a row by the "
+                         "batch's shapes (on the CPU its rows share one forward either way; docs/revising-models.md)")
 
 
 def engine_config_from_args(a: argparse.Namespace, **kw):
@@ -91,7 +95,8 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
                         expert_parallel=getattr(a, "expert_parallel", False),
                         collective_timeout_s=getattr(a, "collective_timeout", 120.0),
                         quantization=getattr(a, "quantization", None),
-                        cuda_graphs=not getattr(a, "enforce_eager", False), **prefill_config(a, kw), **kw)
+                        cuda_graphs=not getattr(a, "enforce_eager", False),
+                        batch_invariant=getattr(a, "batch_invariant", True), **prefill_config(a, kw), **kw)
 
 
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:

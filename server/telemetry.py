@@ -177,6 +177,9 @@ class Metrics:
         self.forward_passes = Counter("celeris_forward_passes_total", "Model calls (a batched step makes one per "
                                       "group: cache refresh, cached, CFG rows twice)", registry=r)
         self.steps = Counter("celeris_steps_total", "Batched denoising steps", registry=r)
+        self.forwards_per_step = Histogram("celeris_forwards_per_step", "Model forwards a batched step ran "
+                                           "(DiffusionGemma: denoiser forwards, 1 when every row shares one)",
+                                           buckets=(1, 2, 4, 8, 16, 32), registry=r)
         self.open_streams = Gauge("celeris_open_streams", "Streams admitted and not yet closed (parked ones too)",
                                   registry=r)
         # The loop's own CPU (handlers, message building, serialization): what competes with
@@ -327,6 +330,7 @@ class Telemetry:
         m.batch_size.observe(s.batch)
         m.step_latency.observe(s.seconds)
         m.forward_passes.inc(s.forwards)
+        m.forwards_per_step.observe(s.forwards)
         m.steps.inc()
         m.tokens_per_forward.observe(s.committed)
         if not exports_spans(self.provider):  # a step's span links every request it served:

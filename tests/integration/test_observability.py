@@ -105,6 +105,8 @@ async def test_prometheus_metrics_after_real_requests(serve):
     assert values["celeris_request_latency_seconds_count"] == 3
     assert values["celeris_step_latency_seconds_count"] == values["celeris_steps_total"]
     assert values["celeris_forward_passes_total"] >= values["celeris_steps_total"]  # model calls, >= 1 per step
+    assert values["celeris_forwards_per_step_count"] == values["celeris_steps_total"]
+    assert values["celeris_forwards_per_step_sum"] == values["celeris_forward_passes_total"]
     assert values["celeris_tokens_per_forward_sum"] == 3 * 16 + 1  # every token committed once (+ warm-up)
     assert "celeris_batch_size_bucket" in body and "celeris_running_requests" in body
     # The event loop's CPU: positive, and no more than this process has used.

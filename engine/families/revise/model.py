@@ -9,12 +9,13 @@ Every layer: attention (q/k RMSNorm, a scale-free v RMSNorm, RoPE per layer type
 1.0, global layers reuse the key projection as the value), then a dense GLU MLP and a routed MoE in
 parallel on the same residual. The arithmetic follows the reference op for op in float32 (eager
 attention, float32 softmax, the experts as transformers' default `grouped_mm` forward), so logits
-are bit-identical to it on CPU. Batched requests each run their own forward (`denoise_rows`), so a
-row's logits do not depend on the batch.
+are bit-identical to it on CPU. Several requests run in one forward (`encode_rows`, `denoise_rows`),
+each row computed as it is alone, so a row's logits do not depend on the batch (rows.py says how).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from celeris.engine.families.revise.config import GemmaConfig, LayerShape
+from celeris.engine.families.revise.experts import Experts
+from celeris.engine.families.revise.rows import Packed, gelu_rows, packs
 
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -30,10 +33,6 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> tor
     if weight is not None:
         h = h * weight.float()
     return h.type_as(x)
-
-
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
 
 
 class Norm(nn.Module):
@@ -53,8 +52,9 @@ class GLU(nn.Module):
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, rows: Packed) -> torch.Tensor:
+        """x (1, N, D), each request's GELU on its own rows (rows.py) -> (1, N, D)"""
+        return self.down_proj(gelu_rows(self.gate_proj(x), rows) * self.up_proj(x))
 
 
 def rope_tables(shape: LayerShape, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +102,8 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """Eager attention, scale 1.0 (the q/k norms set the scale).  bias: (B, 1, Tq, Tk) or None"""
+        """Eager attention, scale 1.0 (the q/k norms set the scale), before the output projection.
+        q (B, H, T, hd), k and v (B, KVH, Tk, hd), bias (B, 1, T, Tk) or None -> (B, T, H * hd)"""
         B, H, T, hd = q.shape
         rep = H // k.shape[1]
         k = k[:, :, None].expand(B, k.shape[1], rep, k.shape[2], hd).reshape(B, H, -1, hd)
@@ -111,8 +112,7 @@ class Attention(nn.Module):
         if bias is not None:
             w = w + bias
         w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(w, v).transpose(1, 2).reshape(B, T, H * hd)
-        return self.o_proj(out)
+        return torch.matmul(w, v).transpose(1, 2).reshape(B, T, H * hd)
 
 
 class Router(nn.Module):
@@ -132,51 +132,6 @@ class Router(nn.Module):
         return w * self.per_expert_scale[idx], idx
 
 
-class Experts(nn.Module):
-    def __init__(self, cfg: GemmaConfig):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.zeros(cfg.num_experts, 2 * cfg.moe_hidden_size, cfg.d_model))
-        self.down_proj = nn.Parameter(torch.zeros(cfg.num_experts, cfg.d_model, cfg.moe_hidden_size))
-
-    def forward(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """Each token's k experts, weighed and summed over its k slots in slot order.  x: (N, D), w and
-        idx: (N, k) -> (N, D)
-
-        As transformers' default experts forward (`grouped_mm`): the (token, slot) pairs sorted by
-        expert, one grouped matmul per projection (each expert's matmul over exactly the rows routed
-        to it), then each token's k outputs summed. A row's bits depend only on the rows that share
-        its matmuls, so callers that want a row to round as it does alone pass one request's rows."""
-        N, k = idx.shape
-        flat = idx.reshape(-1)  # (N*k,) token-major
-        # (N*k,) by expert, with torch.sort as the reference sorts: a row's place in its group
-        # changes its bits (small-M kernels), so the order is the reference's, not a stable one
-        order = torch.sort(flat).indices
-        # (E,) rows per expert; not torch.bincount, whose output size costs a host sync on a device
-        counts = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.long, device=flat.device)
-        counts.index_add_(0, flat, torch.ones_like(flat))
-        gate, up = grouped_linear(x[order // k], self.gate_up_proj, counts).chunk(2, dim=-1)  # (N*k, I) each
-        y = grouped_linear(gelu(gate) * up, self.down_proj, counts) * w.reshape(-1)[order, None]  # (N*k, D)
-        out = torch.empty_like(y)
-        out[order] = y  # back to (token, slot) order
-        return out.view(N, k, -1).sum(dim=1).to(x.dtype)
-
-
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Consecutive runs of rows, run e through F.linear(rows, weight[e]).  x: (M, D), weight (E, F, D),
-    counts (E,) summing to M -> (M, F). torch's grouped matmul does the loop in one call (on the CPU
-    it is one mm per group: bit-equal to F.linear over the same rows); older torch loops here. A weight
-    packed to FP8 (engine/models/fp8.py's Fp8Grouped, `--quantization fp8`) runs its own grouped matmul."""
-    if not isinstance(weight, torch.Tensor):
-        return weight.grouped_linear(x, counts)
-    if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):  # CUDA's: bf16
-        return torch._grouped_mm(x, weight.transpose(1, 2), offs=counts.cumsum(0).to(torch.int32))
-    out, start = [], 0
-    for e, n in enumerate(counts.tolist()):
-        out.append(F.linear(x[start:start + n], weight[e]))
-        start += n
-    return torch.cat(out)
-
-
 class Layer(nn.Module):
     def __init__(self, cfg: GemmaConfig, shape: LayerShape):
         super().__init__()
@@ -193,12 +148,12 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
-    def feed_forward(self, h: torch.Tensor, scalar: torch.Tensor) -> torch.Tensor:
-        """Dense GLU and routed experts in parallel on the post-attention residual.  (B, T, D)"""
-        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))
+    def feed_forward(self, h: torch.Tensor, scalar: torch.Tensor, rows: Packed) -> torch.Tensor:
+        """Dense GLU and routed experts in parallel on the post-attention residual.  (1, N, D)"""
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h), rows))
         flat = h.reshape(-1, h.shape[-1])
         w, idx = self.router(flat)
-        routed = self.experts(self.pre_feedforward_layernorm_2(flat), w, idx).reshape(h.shape)
+        routed = self.experts(self.pre_feedforward_layernorm_2(flat), w, idx, rows).reshape(h.shape)
         out = h + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(routed))
         return out * scalar
 
@@ -230,6 +185,14 @@ class KVCache:
         return torch.arange(self.length - cached, self.length + new, device=device)
 
 
+@dataclass
+class ForwardCounts:
+    """Forwards a model has run, by pass (a runner reads each step's difference: its step stats)."""
+
+    encode: int = 0
+    denoise: int = 0
+
+
 class DiffusionGemma(nn.Module):
     def __init__(self, cfg: GemmaConfig):
         super().__init__()
@@ -240,11 +203,19 @@ class DiffusionGemma(nn.Module):
         self.self_conditioning = GLU(cfg.d_model, cfg.mlp_hidden_size)
         self.self_conditioning_pre_norm = Norm(cfg.d_model, cfg.rms_norm_eps)
         self.lm_head = None if cfg.weight_tying else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # Several requests in one forward (rows.py). None: where a row keeps its bits in any batch, the
+        # CPU; on CUDA each request runs its own forward unless the server asks for the shared one.
+        self.shared_forward: Optional[bool] = None
+        self.calls = ForwardCounts()
 
     @property
     def device(self) -> torch.device:
         """Where the weights live: every tensor a request's step makes is made there."""
         return self.embed.weight.device
+
+    @property
+    def shares_forwards(self) -> bool:
+        return self.device.type == "cpu" if self.shared_forward is None else self.shared_forward
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.embed.weight
@@ -252,72 +223,109 @@ class DiffusionGemma(nn.Module):
 
     @torch.no_grad()
     def encode(self, ids: torch.Tensor, cache: KVCache) -> None:
-        """Causal pass over new context tokens (the prompt, then each committed canvas).  ids: (1, T)"""
-        T = ids.shape[1]
-        pos = torch.arange(cache.length, cache.length + T, device=ids.device)
-        h = self.embed_ids(ids)
+        """Causal pass over one request's new context tokens.  ids: (1, T)"""
+        self.encode_rows([ids[0]], [cache])
+
+    @torch.no_grad()
+    def encode_rows(self, ids: list[torch.Tensor], caches: list[KVCache]) -> None:
+        """Causal pass over new context tokens (a prompt, a committed canvas) of several requests, each
+        appended to its own cache: one forward per pack (rows.packs).  ids: (T_r,) each"""
+        for pack in packs([len(t) for t in ids], self.shares_forwards):
+            self._encode([ids[r] for r in pack], [caches[r] for r in pack])
+            self.calls.encode += 1
+
+    def _encode(self, ids: list[torch.Tensor], caches: list[KVCache]) -> None:
+        rows = Packed(tuple(len(t) for t in ids))
+        pos = torch.cat([torch.arange(c.length, c.length + len(t), device=t.device) for t, c in zip(ids, caches)])
+        h = self.embed_ids(torch.cat(ids)[None])  # (1, N, D)
         for i, layer in enumerate(self.layers):
-            shape = layer.self_attn.shape
-            cos, sin = rope_tables(shape, pos[None])
-            q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
-            k_all, v_all = cache.joined(i, k, v)
-            kpos = cache.key_positions(i, T, ids.device)
-            allowed = kpos[None, :] <= pos[:, None]  # (T, Tk)
-            if shape.sliding:
-                allowed &= kpos[None, :] > pos[:, None] - self.cfg.sliding_window
-            bias = torch.zeros(allowed.shape, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
-            a = layer.self_attn.attend(q, k_all, v_all, bias.to(h.dtype)[None, None])
-            cache.store(i, k_all, v_all)
-            h = h + layer.post_attention_layernorm(a)
-            h = layer.feed_forward(h, layer.encoder_layer_scalar)
-        cache.length += T  # the encoder's final norm feeds nothing: only its cache is used
+            attn = layer.self_attn
+            cos, sin = rope_tables(attn.shape, pos[None])
+            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)  # (1, H, N, hd), (1, KVH, N, hd) x2
+            parts = []
+            for q_r, k_r, v_r, p, cache in zip(*(rows.split(t, 2) for t in (q, k, v)), rows.split(pos, 0), caches):
+                k_all, v_all = cache.joined(i, k_r, v_r)
+                parts.append(attn.attend(q_r, k_all, v_all, self._causal(cache, i, p, h.dtype)))
+                cache.store(i, k_all, v_all)
+            h = h + layer.post_attention_layernorm(attn.o_proj(torch.cat(parts, 1)))
+            h = layer.feed_forward(h, layer.encoder_layer_scalar, rows)
+        for cache, n in zip(caches, rows.lengths):
+            cache.length += n  # the encoder's final norm feeds nothing: only its cache is used
+
+    def _causal(self, cache: KVCache, i: int, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Layer i's additive mask for fresh positions `pos` (T,) over the cache and themselves (before
+        they are stored): causal, and within the window on a sliding layer.  -> (1, 1, T, Tk)"""
+        kpos = cache.key_positions(i, pos.shape[0], pos.device)
+        allowed = kpos[None, :] <= pos[:, None]  # (T, Tk)
+        if self.cfg.layers[i].sliding:
+            allowed &= kpos[None, :] > pos[:, None] - self.cfg.sliding_window
+        bias = torch.zeros(allowed.shape, device=pos.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return bias.to(dtype)[None, None]
 
     @torch.no_grad()
     def denoise(self, canvas: torch.Tensor, cache: KVCache, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
         """Bidirectional pass over one request's canvas.  canvas: (1, L), sc_probs: (1, L, V) or None ->
         logits (1, L, V) float32. `sc_probs` is the previous step's softmax of its tempered logits in the
         weights' dtype (sampler.conditioning_input), what the reference forms inside its forward."""
-        return self._denoise_one(canvas, cache, None if sc_probs is None else sc_probs[0])
+        return self.denoise_rows(canvas, [cache], [None if sc_probs is None else sc_probs[0]])
 
     @torch.no_grad()
     def denoise_rows(self, canvas: torch.Tensor, caches: list[KVCache],
                      sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
         """Several requests' canvases, each reading its own cache and conditioned on its own previous
-        step (`denoise`'s sc_probs, (L, V); None on a canvas's first step).  canvas: (B, L) -> (B, L, V)
+        step (`denoise`'s sc_probs, (L, V); None on a canvas's first step).  canvas: (B, L) -> (B, L, V)"""
+        h = self.denoise_hidden(canvas, caches, sc_probs)
+        return torch.cat([self.head(h[r:r + 1]) for r in range(h.shape[0])])
 
-        Each row runs the very forward it runs alone, so its logits are bitwise the same in any batch
-        (issue #40). One forward over the batch cannot promise that on the CPU: a matmul's rounding
-        depends on its row count and its operands' memory alignment (MKL picks kernels by both), an
-        expert's matmul would run over every row routed to it, and a key axis padded to a longer
-        row changes softmax's summation; rounding that self-conditioning then amplifies until the
-        canvases diverge. The rows share the step, not the kernels (docs/revising-models.md)."""
-        rows = zip(canvas.split(1), caches, sc_probs)
-        return torch.cat([self._denoise_one(c, cache, sc) for c, cache, sc in rows])
+    @torch.no_grad()
+    def denoise_hidden(self, canvas: torch.Tensor, caches: list[KVCache],
+                       sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """`denoise_rows` up to the final norm: one forward for every row (per pack, rows.packs), each
+        row's bits those it gets alone (rows.py). `head` makes a row's logits: a row at a time, so one
+        (L, V) buffer is live, not B.  canvas: (B, L) -> (B, L, D)"""
+        B, L = canvas.shape
+        out: list[Optional[torch.Tensor]] = [None] * B
+        for pack in packs([L] * B, self.shares_forwards):
+            h = self._denoise(canvas[pack], [caches[r] for r in pack], [sc_probs[r] for r in pack])
+            for j, r in enumerate(pack):
+                out[r] = h[j]
+            self.calls.denoise += 1
+        return torch.stack(out) if B > 1 else out[0][None]
 
-    def _denoise_one(self, canvas: torch.Tensor, cache: KVCache, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
-        """One request's denoising forward.  canvas: (1, L), sc_probs: (L, V) or None -> (1, L, V)"""
-        L = canvas.shape[1]
-        pos = torch.arange(cache.length, cache.length + L, device=canvas.device)[None]  # (1, L)
-        h = self._conditioned(self.embed_ids(canvas), sc_probs)
-        for i, layer in enumerate(self.layers):
-            cos, sin = rope_tables(layer.self_attn.shape, pos)
-            q, k, v = layer.self_attn.project(layer.input_layernorm(h), cos, sin)
-            k_all, v_all = cache.joined(i, k, v)  # read, never stored: the canvas is not context yet
-            h = h + layer.post_attention_layernorm(layer.self_attn.attend(q, k_all, v_all, None))
-            h = layer.feed_forward(h, layer.layer_scalar)
-        h = self.norm(h)
+    @torch.no_grad()
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Soft-capped logits of one request's final hidden states.  (1, L, D) -> (1, L, V) float32"""
         w = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(h, w).float()  # (1, L, V): in bf16 a fresh fp32 copy, so the rest is in place
         cap = self.cfg.logit_softcap
         return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, bit for bit, one buffer
 
-    def _conditioned(self, x: torch.Tensor, sc_probs: Optional[torch.Tensor]) -> torch.Tensor:
+    def _denoise(self, canvas: torch.Tensor, caches: list[KVCache],
+                 sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """One forward over a pack of canvases.  canvas: (R, L), sc_probs: (L, V) or None each -> (R, L, D)"""
+        R, L = canvas.shape
+        rows = Packed((L,) * R)
+        pos = torch.cat([torch.arange(c.length, c.length + L, device=canvas.device) for c in caches])[None]  # (1, N)
+        h = self._conditioned(self.embed_ids(canvas.reshape(1, -1)), sc_probs, rows)  # (1, N, D)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            cos, sin = rope_tables(attn.shape, pos)
+            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
+            # each row reads its own cache, never stored: the canvas is not context yet
+            parts = [attn.attend(q_r, *cache.joined(i, k_r, v_r), None)
+                     for q_r, k_r, v_r, cache in zip(*(rows.split(t, 2) for t in (q, k, v)), caches)]
+            h = h + layer.post_attention_layernorm(attn.o_proj(torch.cat(parts, 1)))
+            h = layer.feed_forward(h, layer.layer_scalar, rows)
+        return self.norm(h).view(R, L, -1)
+
+    def _conditioned(self, x: torch.Tensor, sc_probs: list[Optional[torch.Tensor]], rows: Packed) -> torch.Tensor:
         """Self-conditioning: the previous step's expected embedding through a GLU, added to the input
-        (zeros on a canvas's first step, as the reference masks it).  x: (1, L, D), sc_probs (L, V)"""
+        (zeros on a canvas's first step, as the reference masks it).  x: (1, N, D), sc_probs (L, V) each"""
         soft = torch.zeros_like(x)
-        if sc_probs is not None:
-            w = self.embed.weight
-            scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
-            soft = torch.matmul(sc_probs[None].to(w.dtype), w) * scale
-        signal = self.self_conditioning(self.self_conditioning_pre_norm(soft))
+        w = self.embed.weight
+        scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
+        for part, sc in zip(rows.split(soft), sc_probs):
+            if sc is not None:  # a row at a time: (L, V) @ (V, D), as alone, with no (B, L, V) stack
+                part.copy_(torch.matmul(sc[None].to(w.dtype), w) * scale)
+        signal = self.self_conditioning(self.self_conditioning_pre_norm(soft), rows)
         return rms_norm(x + signal, None, self.cfg.rms_norm_eps)

@@ -4,9 +4,11 @@ Each slot holds one `SlotState`, on the model's device: its exact KV cache (prom
 canvases), its canvas, self-conditioning input and its own random stream, seeded from the
 request's seed (on the CPU as `torch.manual_seed(seed)` seeds the global one), so a request decodes
 the same text alone or batched, and on the CPU the text transformers' generate() gives that prompt
-and seed. A step runs the denoiser over every row, whatever canvas and step each is at, each row's
-forward then its draws, with one device-to-host transfer for the whole step (slots.py); a canvas
-that stops is encoded into its row's cache in the same step. A row whose own part of the step
+and seed. A step runs one encoder forward for the context that waits (new prompts, canvases that
+stopped last step), then one denoiser forward over every row, whatever canvas and step each is at
+(each row's bits those it gets alone: rows.py), then each row's logits and draws, with one
+device-to-host transfer for the whole step (slots.py). `StepStats.forwards` counts the step's
+denoiser forwards (1 on the CPU; one a row on CUDA unless the shared forward is asked for). A row whose own part of the step
 fails (non-finite logits, its structure, its draws or commit) comes back as `RowResult.error` and
 ends alone (`step_loop.apply_row`); only the forward fails the batch. The contract is `runner_api.StepRunner`.
 """
@@ -41,13 +43,21 @@ def revise_params(p: SamplingParams) -> ReviseParams:
 class ReviseRunner(ConfigCosts):
     def __init__(self, model: DiffusionGemma, config: EngineConfig, family: Family):
         self.model, self.config, self.family = model, config, family
+        if not config.batch_invariant:  # rows share one forward on any device (rows.py)
+            model.shared_forward = True
         self.slots = config.max_batch
         self.canvas_length = model.cfg.canvas_length
         self.pad_id = model.cfg.pad_token_id
         self.rows: dict[int, SlotState] = {}  # slot -> the model side of its request
 
     def row_tokens(self, s: RevisingSequence) -> int:
-        """The canvas's queries over the keys it reads: prompt, committed canvases, the canvas."""
+        """The tokens a row's forward computes: its canvas. Rows share the forward unpadded (each
+        attends over its own cache), so rows whose caches differ in length cost no more together
+        than apart, and the batcher keeps every running row in one forward."""
+        return self.canvas_length
+
+    def _keys(self, s: RevisingSequence) -> int:
+        """The keys a row's canvas reads: prompt, committed canvases, the canvas."""
         return self.canvas_length + len(s.prompt) + s.final_length
 
     @staticmethod
@@ -61,22 +71,22 @@ class ReviseRunner(ConfigCosts):
         self.rows[seq.slot] = SlotState(self.model, list(seq.prompt), revise_params(p), int(p.seed or 0),
                                              p.gen_length, tuple(sorted(seq.stop_ids)), self.pad_id,
                                              constraint=seq.constraint, min_tokens=p.min_tokens,
-                                             keep_raw=p.logprobs is not None)
+                                             keep_raw=p.logprobs is not None, batched_encoding=True)
 
     def release(self, slot: int) -> None:
         """The slot's request left (finished, a stop string, cancelled): drop its cache now."""
         self.rows.pop(slot, None)
 
     def step(self, seqs: Seq[RevisingSequence]) -> tuple[list[RowResult], StepStats]:
-        t0 = time.perf_counter()
+        t0, forwards = time.perf_counter(), self.model.calls.denoise
         rows = [self.rows[s.slot] for s in seqs]
         settled = [len(r.final) for r in rows]
         steps = step_rows(self.model, rows)
         results = [self._row(s, r, res, before) for s, r, res, before in zip(seqs, rows, steps, settled)]
-        keys = max(self.row_tokens(s) for s in seqs)
+        keys = max(self._keys(s) for s in seqs)
         committed = sum(len(x.positions) for x in results)
         return results, StepStats(len(seqs), len(seqs), keys, self.canvas_length, committed,
-                                  time.perf_counter() - t0)
+                                  time.perf_counter() - t0, forwards=self.model.calls.denoise - forwards)
 
     def _row(self, seq: RevisingSequence, row: SlotState, res: RowStep, before: int) -> RowResult:
         """This row's record, or its own error (`step_rows`; or reading its result raised): the step

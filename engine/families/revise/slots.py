@@ -50,6 +50,9 @@ class SlotState:
     constraint: Optional[Constraint] = None  # a structured output (engine/structured)
     min_tokens: int = 0  # no end-of-sequence id drawn or committed before this output position
     keep_raw: bool = False  # logprobs asked: each step keeps its raw logits (L, V) for its result
+    # Context (the prompt, a committed canvas) waits for `step_rows` to encode every row's in one
+    # forward; False: encoded at once, alone (the reference loop, `generate`).
+    batched_encoding: bool = False
 
     def __post_init__(self) -> None:
         cfg = self.model.cfg
@@ -57,8 +60,14 @@ class SlotState:
         self.noise = RowNoise(self.seed, cfg.vocab_size, cfg.canvas_length, self.device)
         self.cache = KVCache(cfg)
         self.canvases_left = math.ceil(self.max_new_tokens / cfg.canvas_length)
-        self.model.encode(torch.tensor([self.prompt], device=self.device), self.cache)
+        self._context(torch.tensor(self.prompt, device=self.device))
         self._new_canvas()
+
+    def _context(self, ids: torch.Tensor) -> None:
+        """New context for the cache.  (T,)"""
+        self.unencoded: Optional[torch.Tensor] = ids
+        if not self.batched_encoding:
+            encode_pending(self.model, [self])
 
     def _new_canvas(self) -> None:
         self.fixed = self._fixed_here()
@@ -187,7 +196,7 @@ class SlotState:
         if ends or self.canvases_left == 0:
             self.finished, self.sc_probs = True, None  # its buffer freed now, not at release
             return
-        self.model.encode(ids[None], self.cache)
+        self._context(ids)
         self._new_canvas()
 
 
@@ -223,19 +232,31 @@ def _host_values(rows: list[Pending]) -> Iterator[list[float]]:
 RowStep = Union[Stepped, Exception, None]
 
 
+def encode_pending(model: DiffusionGemma, rows: list[SlotState]) -> None:
+    """Encode every row's waiting context into its cache, in one encoder forward (model.encode_rows)."""
+    todo = [s for s in rows if s.unencoded is not None]
+    if todo:
+        model.encode_rows([s.unencoded for s in todo], [s.cache for s in todo])
+    for s in todo:
+        s.unencoded = None
+
+
 def step_rows(model: DiffusionGemma, seqs: list[SlotState]) -> list[RowStep]:
-    """One forward for every unfinished request, whatever its canvas and step: each row's step
-    result, in order (None for a row that had already finished). Only the forward may fail the
-    batch: a row whose own part fails (non-finite logits, its structure's masks or commits, its
-    advance) gets its request's error instead (`_advance`), and every other row steps on exactly as
-    without it (each row's forward, random stream, cache and constraint are its own)."""
+    """One denoiser forward for every unfinished request, whatever its canvas and step (after one
+    encoder forward for the context waiting since the last step): each row's step result, in order
+    (None for a row that had already finished). Only the forwards may fail the batch: a row whose own
+    part fails (non-finite logits, its structure's masks or commits, its advance) gets its request's
+    error instead (`_guarded`), and every other row steps on exactly as without it (each row's bits in
+    the forward, random stream, cache and constraint are its own: model.py, rows.py)."""
     rows = [s for s in seqs if not s.finished]
     if not rows:
         return [None] * len(seqs)
+    encode_pending(model, rows)
+    hidden = model.denoise_hidden(torch.stack([s.canvas for s in rows]), [s.cache for s in rows],
+                                  [s.sc_probs for s in rows])  # (B, L, D)
     drawn: list[Union[Pending, Exception]] = []
-    for s in rows:  # its forward, then its draws in that forward's buffer: one fresh (L, V) at a time
-        canvas, sc = s.denoise_input()
-        drawn.append(_guarded(s, s.draw, model.denoise(canvas, s.cache, sc)[0]))  # logits (L, V)
+    for r, s in enumerate(rows):  # its logits, then its draws in their buffer: one fresh (L, V) at a time
+        drawn.append(_guarded(s, s.draw, model.head(hidden[r:r + 1])[0]))  # logits (L, V)
     values = _host_values([d for d in drawn if isinstance(d, Pending)])  # the step's one transfer
     out = {id(s): d if isinstance(d, Exception) else _guarded(s, s.settle, d, next(values))
            for s, d in zip(rows, drawn)}

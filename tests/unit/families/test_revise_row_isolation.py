@@ -23,7 +23,6 @@ import torch  # noqa: E402
 
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.errors import InvalidRequest, RowFailed  # noqa: E402
-from celeris.engine.families.revise.model import DiffusionGemma  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
 from celeris.engine.families.revise.slots import SlotState  # noqa: E402
@@ -92,15 +91,15 @@ def _commit_raises(llm: LLM, seq: Sequence, monkeypatch) -> None:
 
 def _poisoned_logits(value: float):
     def inject(llm: LLM, seq: Sequence, monkeypatch) -> None:
-        """One position of the bad row's logits set to `value` after the (per-row) forward."""
-        forward = DiffusionGemma.denoise
+        """One position of the bad row's logits set to `value` as the step hands them to the row
+        (the forward is shared: each row's logits are made from it, then drawn from)."""
+        draw = SlotState.draw
 
-        def poisoned(self, canvas, cache, sc_probs):
-            out = forward(self, canvas, cache, sc_probs)
-            if id(cache) in {id(r.cache) for r in llm.runner.rows.values() if r.seed == BAD_SEED}:
-                out[0, 3, 7] = value
-            return out
-        monkeypatch.setattr(DiffusionGemma, "denoise", poisoned)
+        def poisoned(self, logits):
+            if self.seed == BAD_SEED:
+                logits[3, 7] = value
+            return draw(self, logits)
+        monkeypatch.setattr(SlotState, "draw", poisoned)
     return inject
 
 
