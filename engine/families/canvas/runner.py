@@ -215,7 +215,7 @@ class Runner(ConfigCosts):
             b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
             view = self._view(b, geo)
             logits = self._replay(mode, b, geo, scale) if graph else self._forward(mode, b, view, geo, scale)
-            reads.append((members, self._select(geo, view, logits, batch, spans, group)))
+            reads.append((members, self._select(b, geo, view, logits, batch, spans, group)))
             graphed |= graph
             biggest = b if biggest is None or b.B * b.L > biggest.B * biggest.L else biggest
         results, committed = read_queued(reads, len(seqs), during)
@@ -295,11 +295,11 @@ class Runner(ConfigCosts):
             return None
         return torch.sort((~live).to(torch.uint8), dim=1, stable=True).indices[:, :K]
 
-    def _select(self, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
+    def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
                 spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> Callable[[], list[RowResult]]:
         """Select over the window and write the picks back by position; the call that reads the
         rows' results (the host's wait for the device)."""
-        (B, L), W = v.ids.shape, v.out_index.shape[1]  # the bucket's shape
+        B, L, W = b.B, b.L, b.W
         tokens = torch.gather(v.ids, 1, v.out_index)
         w = torch.arange(W, device=self.device)
         candidate = v.in_block & (tokens == self.mask_id) & ((geo[FIRST_ONLY] == 0)[:, None] | (w == 0)[None, :])
