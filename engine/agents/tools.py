@@ -22,7 +22,7 @@ from typing import Optional
 import llguidance
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.structured.constraint import LIMITS, Compiler, StructureError
+from celeris.engine.structured.constraint import LIMITS, StructureError, read_schema
 from celeris.engine.structured.document import OPTIONS, locate
 
 MAX_TOOLS = 128
@@ -141,7 +141,7 @@ def check_parameters(params: object, field: str) -> dict:
     if "type" in params and params["type"] != "object":
         raise _bad(f"{field}.type", "a function's parameters must be an object schema (\"type\": \"object\")")
     try:
-        schema = Compiler._schema(params, field)
+        schema = read_schema(params, field)
     except StructureError as e:
         raise _bad(e.path, e.reason) from None
     problem = schema_problem(json.dumps(schema, separators=(",", ":")))
