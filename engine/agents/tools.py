@@ -3,11 +3,12 @@
 `parse_tools` reads `[{"type": "function", "function": {"name", "description", "parameters",
 "strict"}}]` and `parse_tool_choice` reads "none" | "auto" | "required" | {"type": "function",
 "function": {"name": ...}}; both raise InvalidRequest naming the exact field (e.g.
-`tools[2].function.parameters.properties.a.uniqueItems`). Limits come before any work that grows
-with the input: the list's length, each schema's size and nesting, then the compile. A tool's
-parameters are compiled the way enforcement compiles them (llguidance's JSON-schema compiler with
-the structured-outputs overrides, engine/structured/document.py), so a tool that is accepted here
-can be enforced later.
+`tools[2].function.parameters.properties.a.uniqueItems`). A door's parse checks only what costs
+nothing: the list's length, names (matched whole), each schema's size and nesting. The engine
+compiles the schemas (`compile_problems`) after the prompt's length is known, on the compile
+lanes, in the verdicts' child process (engine/structured/lanes.py, verdicts.py), the way
+enforcement compiles them (llguidance's JSON-schema compiler with the structured-outputs
+overrides, engine/structured/document.py), so a tool that is accepted can be enforced later.
 """
 
 from __future__ import annotations

@@ -167,10 +167,25 @@ class Compiler:
                       (SlotSpec(0, gen_length, grammar, self.tok.eos_id, f, forced=True),), self.tok.eos_id, "document")
 
     def _lark_check(self, text: str) -> tuple[str, str]:
-        """(grammar, why it cannot be served or "") of a lark grammar's text (remembered)."""
+        """(grammar, why it cannot be served or "") of a lark grammar's text (remembered). Its
+        shortest sentence is searched for here, within COMPILE_FUEL, as a document's is: a grammar
+        whose end the decode-time closing could not find (a string pattern of bytes no
+        single-byte token spells, `[^\\x00-\\x7f]{1,5}`, took 26-35 s of search over one call) is
+        refused now, not discovered step by step."""
         grammar = llguidance.LLMatcher.grammar_from_lark(text)
-        problem = self._verdict(grammar, "")
-        return grammar, problem.split("\n")[0]  # the library's first line; the rest echoes the grammar
+        problem = self._verdict(grammar, "").split("\n")[0]  # the library's first line; the rest echoes the grammar
+        if problem:
+            return grammar, problem
+        try:
+            path = shortest(self.tokens, llguidance.LLMatcher(self.ll, grammar, limits=LIMITS), Scan(), MAX_SHORTEST,
+                            np.zeros((self.vocab_size + 31) // 32, np.uint32), fuel=COMPILE_FUEL)
+        except OutOfFuel:
+            return grammar, f"its shortest text was not found within the search budget ({COMPILE_FUEL:,} grammar steps)"
+        except LibraryStopped as e:
+            return grammar, f"the constraint library stops on it while decoding (one of its parser limits): {e}"
+        if path is None:
+            return grammar, f"no text of at most {MAX_SHORTEST} bytes was found for it (its end could not be promised)"
+        return grammar, ""
 
     def _document_check(self, text: str) -> tuple[str, str, int, Hints]:
         """(grammar, why it cannot be served or "", the fewest tokens its shortest document takes

@@ -26,3 +26,22 @@ def test_a_schema_the_library_stops_on_is_refused_with_that_reason(compiler):
     with pytest.raises(StructureError) as e:
         compiler.compile(Structured("json_schema", _props(500), "rf"), 64)
     assert "parser limits" in e.value.reason and "no document" not in e.value.reason, e.value.reason
+
+
+def _call_grammar(llm, pattern: str):
+    from celeris.engine.agents.parsers import TOOL_PARSERS
+    from celeris.engine.agents.tools import ToolChoice, parse_tools
+
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "required": ["a"], "properties": {"a": {"type": "string", "pattern": pattern}}}}}])
+    return TOOL_PARSERS["hermes"].enforced(tools, ToolChoice("required"), True, specials=llm.tokenizer.special_markers)
+
+
+def test_a_call_whose_end_cannot_be_found_is_refused_at_compile_not_during_decode(llm, compiler):
+    """Issue 60 item 5: a tool whose pattern is `[^\\x00-\\x7f]{1,5}` took 26-35 s of closing
+    search over one call's steps; the call's shortest text is now searched for at compile (within
+    COMPILE_FUEL), so it is refused there, and an ordinary pattern is served as before."""
+    assert compiler.compile(_call_grammar(llm, "[a-z]{1,5}"), 96).path == "document"
+    with pytest.raises(StructureError) as e:
+        compiler.compile(_call_grammar(llm, "[^\\x00-\\x7f]{1,5}"), 96)
+    assert e.value.path == "tools" and "found" in e.value.reason, e.value
