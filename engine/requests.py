@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import random
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
@@ -90,13 +91,21 @@ class Requests:
         self.seeds: random.Random = secrets.SystemRandom()
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
         self._compiler: Optional[Compiler] = None  # built on the first structured request
-        self._verdicts: Optional[Verdicts] = None  # tools' schema verdicts, in a child process (the first tools request)
+        self._verdicts: dict[str, Verdicts] = {}  # tools' schema verdicts: a child process per lane (thread)
         # Structured requests and requests with tools are built on the compile lanes (engine/structured/lanes.py).
         self.lanes = Lanes()
 
     @property
     def _large_waiting(self) -> int:
         return self.lanes.large_waiting
+
+    def _verdicts_here(self) -> Verdicts:
+        """The verdicts' child of the calling thread's lane: a large lane's compile never holds up
+        the small lane's (each lane is one thread; started on its first tools request)."""
+        name = threading.current_thread().name
+        if name not in self._verdicts:
+            self._verdicts[name] = Verdicts()
+        return self._verdicts[name]
 
     @property
     def family_vocab(self) -> int:
@@ -190,9 +199,7 @@ class Requests:
         except RecursionError:  # every limit is checked first; a parser's recursion is still the input's fault
             v.append(FieldViolation("input", "nests too deeply to be read"))
         if req.tools and not v:  # after the prompt's length (the tools' rendering counts in it), before compiling
-            if self._verdicts is None:
-                self._verdicts = Verdicts()
-            v += compile_problems(req.tools, self._verdicts)
+            v += compile_problems(req.tools, self._verdicts_here())
         constraint = None
         if req.structured is not None and not v:
             try:
