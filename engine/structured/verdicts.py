@@ -25,9 +25,11 @@ from typing import Optional
 from celeris.engine.structured.spec import GRAMMAR_CACHE
 
 # The child: reads one JSON string a line (a lark grammar's text), answers one JSON string a line
-# (the library's first line of refusal, or ""), with the engine's own work limits (spec.LIMITS).
+# (the library's first line of refusal, or ""), with the engine's own work limits (spec.LIMITS),
+# at a lower CPU priority than the server (nice 10).
 _CHILD = """
-import json, sys
+import json, os, sys
+os.nice(10)  # below the server's threads: on a busy host a compile takes the CPU the steps leave
 import llguidance
 limits = llguidance.LLParserLimits(max_lexer_states=50_000, step_lexer_fuel=2_000_000)
 for line in sys.stdin:
