@@ -128,8 +128,8 @@ class LLM:
     def build(self, req: Request) -> Sequence:
         return self.requests.build(req)
 
-    async def build_async(self, req: Request, inline: bool = True) -> Sequence:
-        return await self.requests.build_async(req, inline)
+    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> Sequence:
+        return await self.requests.build_async(req, inline, client)
 
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
                 messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:

@@ -12,18 +12,22 @@ import asyncio
 import concurrent.futures
 import random
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq, Union
 
+from celeris.engine.agents import history
+from celeris.engine.agents.tools import compile_problems
 from celeris.engine.config import EngineConfig
-from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, clip
+from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
 from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
 from celeris.engine.loop.sequence import Sequence
-from celeris.engine.structured.constraint import (LARGE_SCHEMA_CHARS, LARGE_SCHEMAS_WAITING, Compiler, Constraint,
-                                                 StructureError, Structured)
+from celeris.engine.structured.constraint import LARGE_SCHEMA_CHARS, Compiler, Constraint, StructureError, Structured
+from celeris.engine.structured.lanes import Lanes
+from celeris.engine.structured.verdicts import Verdicts
 from celeris.engine.tokenizer import Tokenizer
 
 Prompt = Union[str, Seq[int]]
@@ -87,14 +91,21 @@ class Requests:
         self.seeds: random.Random = secrets.SystemRandom()
         self._encoder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="celeris-encode")
         self._compiler: Optional[Compiler] = None  # built on the first structured request
-        # Structured requests are built (their grammars compiled) on a thread of their own: a
-        # burst of schemas queues behind itself, never in front of other requests' tokenizing.
-        self._compiling = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="celeris-compile")
-        # Large schemas (over LARGE_SCHEMA_CHARS) on a lane of their own, a few waiting at most:
-        # one can compile for seconds, and it must not hold up the small schemas behind it.
-        self._compiling_large = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                                      thread_name_prefix="celeris-compile-large")
-        self._large_waiting = 0  # large builds queued or compiling (read and written on the event loop)
+        self._verdicts: dict[str, Verdicts] = {}  # tools' schema verdicts: a child process per lane (thread)
+        # Structured requests and requests with tools are built on the compile lanes (engine/structured/lanes.py).
+        self.lanes = Lanes()
+
+    @property
+    def _large_waiting(self) -> int:
+        return self.lanes.large_waiting
+
+    def _verdicts_here(self) -> Verdicts:
+        """The verdicts' child of the calling thread's lane: a large lane's compile never holds up
+        the small lane's (each lane is one thread; started on its first tools request)."""
+        name = threading.current_thread().name
+        if name not in self._verdicts:
+            self._verdicts[name] = Verdicts()
+        return self._verdicts[name]
 
     @property
     def family_vocab(self) -> int:
@@ -131,15 +142,19 @@ class Requests:
                 v.append(FieldViolation(
                     "token_ids", f"prompt is {len(req.token_ids)} tokens; the limit is {tokens}"))
         else:
-            v += self._check_messages(req.messages)
+            v += self._check_messages(req.messages, req.tools)
         return v
 
-    def _check_messages(self, messages: Seq[dict]) -> list[FieldViolation]:
+    def _check_messages(self, messages: Seq[dict], tools: Optional[Seq[dict]] = None) -> list[FieldViolation]:
+        """Each message's shape; then everything the template will write (contents, tool calls,
+        names, any other field, the tools) against the prompt's size limit, and its nesting, before
+        anything renders or tokenizes it (engine/agents/history.py)."""
         if not messages:
             return [FieldViolation("messages", "must not be empty")]
         if len(messages) > self.config.max_prompt_tokens:  # every turn costs at least one token
             return [FieldViolation("messages", f"{len(messages)} messages; the limit is {self.config.max_prompt_tokens}")]
-        v, total = [], 0
+        v: list[FieldViolation] = []
+        total = extras = 0
         for i, m in enumerate(messages):
             role = m.get("role") if isinstance(m, dict) else None
             content = m.get("content") if isinstance(m, dict) else None
@@ -149,8 +164,12 @@ class Requests:
                 v.append(FieldViolation(f"messages[{i}].content", f"must be a string, got {clip(content)}"))
             else:
                 total += len(content)
-        if total > self.max_prompt_chars:
-            v.append(self._too_long("messages", "content is", total))
+            if isinstance(m, dict):
+                extras += history.message_extras(m, i, v)
+        extras += history.tools_size(tools, v)
+        if total + extras > self.max_prompt_chars:
+            what = "content is" if not extras else "text (contents, tool calls, names, tools) is"
+            v.append(self._too_long("messages", what, total + extras))
         return v
 
     def _encode(self, req: Request) -> tuple[list[int], str]:
@@ -177,12 +196,18 @@ class Requests:
             ids = self._prompt_ids(req)
         except InvalidRequest as e:
             v += e.violations
+        except RecursionError:  # every limit is checked first; a parser's recursion is still the input's fault
+            v.append(FieldViolation("input", "nests too deeply to be read"))
+        if req.tools and not v:  # after the prompt's length (the tools' rendering counts in it), before compiling
+            v += compile_problems(req.tools, self._verdicts_here())
         constraint = None
         if req.structured is not None and not v:
             try:
                 params, constraint = self._structure(req, params)
             except InvalidRequest as e:
                 v += e.violations
+            except RecursionError:
+                v.append(FieldViolation(req.structured.field, "nests too deeply to be read"))
         if req.cache_salt is not None and (not isinstance(req.cache_salt, str) or len(req.cache_salt) > MAX_CACHE_SALT):
             v.append(FieldViolation("cache_salt", f"a string of at most {MAX_CACHE_SALT} characters"))
         if v:
@@ -276,26 +301,18 @@ class Requests:
                 field, f"prompt is {len(ids)} tokens; the limit is {self.config.max_prompt_tokens}")])
         return ids
 
-    async def build_async(self, req: Request, inline: bool = True) -> Sequence:
-        """`build` in a worker thread, so tokenizing never stalls the caller's event loop (one
-        with a structured output on the compile thread); with `inline` (a call of one sample:
-        a door's n samples each build their own), a short plain prompt on the loop itself
-        (INLINE_PROMPT says why)."""
-        loop = asyncio.get_running_loop()
-        if req.structured is None:
+    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> Sequence:
+        """`build` in a worker thread, so tokenizing never stalls the caller's event loop: one with
+        a structured output or tools on the compile lanes (engine/structured/lanes.py; `client`
+        caps one client's builds there); with `inline` (a call of one sample: a door's n samples
+        each build their own), a short plain prompt on the loop itself (INLINE_PROMPT says why)."""
+        if req.structured is None and not req.tools:
             if inline and _short_plain(req):
                 return self.build(req)
-            return await loop.run_in_executor(self._encoder, self.build, req)
-        if not req.structured.large:
-            return await loop.run_in_executor(self._compiling, self.build, req)
-        if self._large_waiting >= LARGE_SCHEMAS_WAITING:
-            raise Overloaded(f"{LARGE_SCHEMAS_WAITING} schemas over {LARGE_SCHEMA_CHARS} characters are already "
-                             f"compiling or waiting; they compile one at a time", retry_after_s=2.0)
-        self._large_waiting += 1
-        try:
-            return await loop.run_in_executor(self._compiling_large, self.build, req)
-        finally:
-            self._large_waiting -= 1
+            return await asyncio.get_running_loop().run_in_executor(self._encoder, self.build, req)
+        large = (req.structured is not None and req.structured.large) or \
+            history.tools_size(req.tools, []) > LARGE_SCHEMA_CHARS
+        return await self.lanes.run(self.build, req, large, client)
 
     def tokenize(self, text: str, chat: bool = False) -> tuple[list[int], list[str]]:
         """Ids and token strings of user text (in the chat template when `chat`), size-checked first."""

@@ -44,6 +44,12 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
+# Markers chat templates write around tool calls and results (hermes/Qwen, celeris-tiny's own,
+# LLaDA2's): where the vocabulary has no special token for one, a message's content spells it a
+# character at a time (`Tokenizer._content_ids`), so user text never tokenizes to the template's.
+TOOL_MARKERS = ("<tool_response>", "</tool_response>", "<tool_call>", "</tool_call>", "<tools>", "</tools>")
+
+
 def stop_cut(ids: Iterable[int], stop_ids: frozenset[int], mask_id: Optional[int] = None) -> int:
     """Length of the prefix of `ids` before the first stop token (or, given `mask_id`, the first
     still-masked position). The one stop-cut rule: every "ids up to the first stop" uses it.
@@ -140,8 +146,38 @@ class Tokenizer:
             head, found, text = text.partition(mark)
             if not found:  # the template dropped or rewrote a content: nothing user-written is lost
                 raise InvalidRequest([FieldViolation(f"messages[{i}]", "the chat template does not place this message")])
-            ids += self._ids(self._tok, head) + self._ids(self._plain, messages[i]["content"])
+            ids += self._ids(self._tok, head) + self._content_ids(messages[i]["content"])
         return ids + self._ids(self._tok, text)
+
+    def _content_ids(self, content: str) -> list[int]:
+        """A message's content as plain text, each tool marker in it (TOOL_MARKERS that are not
+        special tokens here) spelled a character at a time: the same text, never the ids the
+        template's own markers have, so a user turn cannot forge a tool result or call."""
+        escape = self._escaped_markers
+        if not escape or not any(m in content for m in escape):
+            return self._ids(self._plain, content)
+        ids: list[int] = []
+        for part in escape["pattern"].split(content):
+            ids += escape[part] if part in escape else self._ids(self._plain, part)
+        return ids
+
+    @functools.cached_property
+    def _escaped_markers(self) -> dict:
+        """Marker text -> its ids a character at a time, for each TOOL_MARKERS entry this
+        vocabulary has no special token for and whose spelled-out ids decode to the same text and
+        differ from the template's (checked here, once); "pattern": the regex that finds them."""
+        import re
+
+        out: dict = {}
+        for m in TOOL_MARKERS:
+            if m in self._markers:
+                continue  # a special token: plain text already cannot produce it
+            spelled = [i for c in m for i in self._ids(self._plain, c)]
+            if self._tok.decode(spelled, skip_special_tokens=False) == m and spelled != self._ids(self._tok, m):
+                out[m] = spelled
+        if out:
+            out["pattern"] = re.compile("(" + "|".join(re.escape(m) for m in sorted(out, key=len, reverse=True)) + ")")
+        return out
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         ids = [i for i in ids if not (skip_special and i in self._special)]
@@ -214,9 +250,12 @@ class Tokenizer:
         self._no_markup(tools, "tools")
         specials = {"bos_token": self._tok.id_to_token(self.bos_id) if self.bos_id is not None else "",
                     "eos_token": self._tok.id_to_token(self.eos_id) or ""}
-        return self._compiled(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, tools=list(tools) if tools else None,
-            **specials, **extra)
+        try:
+            return self._compiled(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=list(tools) if tools else None,
+                **specials, **extra)
+        except RecursionError:  # requests.py bounds nesting first; a template's own recursion still ends here
+            raise InvalidRequest([FieldViolation("messages", "nest too deeply for the chat template")]) from None
 
     def _compiled(self, template: str):
         """The chat template compiled once (parsing and compiling one took ~4 ms, every request),
@@ -257,6 +296,9 @@ class Tokenizer:
             if isinstance(args, str):
                 try:
                     args = json.loads(args) if args.strip() else {}
+                except RecursionError:  # requests.py refuses such arguments before they get here
+                    raise InvalidRequest([FieldViolation(f"messages[{i}].tool_calls", "arguments nest too deeply")]) \
+                        from None
                 except ValueError:
                     pass
             out.append({**c, "function": {**fn, "arguments": args}})

@@ -25,6 +25,7 @@ from google.protobuf.duration_pb2 import Duration
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.detok import CanvasDelta, CanvasDeltas
 from celeris.engine.errors import FieldViolation, InvalidRequest
+from celeris.engine.structured.constraint import MAX_SCHEMA_CHARS, MAX_SCHEMA_NESTING, json_text_depth
 from celeris.engine.sampling.knobs import CHOICE, IDS, STRINGS, on
 from celeris.engine.llm import Request
 from celeris.engine.sampling.params import SamplingParams, fit_lengths
@@ -186,7 +187,11 @@ def tool_request(req: pb.GenerateRequest) -> Optional[ToolRequest]:
 
 def _openai_tool(i: int, t: pb.Tool, v: list[FieldViolation]) -> dict:
     params = None
-    if t.parameters.strip():
+    if len(t.parameters) > MAX_SCHEMA_CHARS:  # sizes and nesting before the parser recurses into it
+        v.append(FieldViolation(f"tools[{i}].parameters", f"at most {MAX_SCHEMA_CHARS} characters of JSON"))
+    elif json_text_depth(t.parameters) > MAX_SCHEMA_NESTING:
+        v.append(FieldViolation(f"tools[{i}].parameters", f"nests arrays and objects more than {MAX_SCHEMA_NESTING} deep"))
+    elif t.parameters.strip():
         try:
             params = json.loads(t.parameters)
         except ValueError as e:

@@ -236,8 +236,9 @@ class HttpGateway:
         return await read_json(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
 
     async def _parse(self, body: Any, chat: bool) -> openai_api.GatewayRequest:
-        """The body as an engine-bound request. Tools are checked by compiling their schemas (tens
-        of ms each the first time), so a body with tools is read on a worker thread, never the loop."""
+        """The body as an engine-bound request. Tools' shapes, sizes and nesting are walked here (up to
+        the body's size; their schemas compile later, on the engine's lanes), so a body with tools is
+        read on a worker thread, never the loop."""
         def parse() -> openai_api.GatewayRequest:
             req = openai_api.parse_request(body, self.llm.defaults, chat, self.model_names)
             return replace(req, structured=tools_api.plan(req.tools, self.parsers, req.structured))

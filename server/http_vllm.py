@@ -12,8 +12,10 @@ from typing import Any, Iterable
 
 from aiohttp import web
 
+from celeris.engine.errors import FieldViolation, clip
 from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
-from celeris.server.errors import error_body
+from celeris.server.errors import UnsupportedMediaType, error_body
+from celeris.server.http_body import json_media
 
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
@@ -82,7 +84,15 @@ def openapi(title: str, version: str, routes: Iterable[Any]) -> dict[str, Any]:
 # Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
 
 async def ping(gw: Any, request: web.Request) -> web.StreamResponse:
-    """/health's answer (200 serving, 503 loading or draining), at vLLM's path."""
+    """/health's answer (200 serving, 503 loading or draining), at vLLM's path. A POST is held to
+    every POST's rule (a JSON Content-Type, server/http_body.py): 415 without one, as a cross-site
+    form or Blob post would come."""
+    if request.method == "POST" and (request.headers.get("Content-Type") is None or
+                                     not json_media(request.content_type)):
+        from celeris.server.http_gateway import error_json
+
+        got = "none" if request.headers.get("Content-Type") is None else clip(request.content_type)
+        return error_json(UnsupportedMediaType([FieldViolation("Content-Type", f"must be application/json, got {got}")]))
     return await gw.healthz(request)
 
 

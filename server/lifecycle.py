@@ -54,15 +54,15 @@ class Lifecycle:
         first = lives[0]
         try:
             seqs = []
+            client = current_client()  # structured and tool builds are capped per client (engine/structured/lanes.py)
             for life, req in zip(lives, reqs):
                 if req.request_id:  # logged before validation, so cut to the limit
                     life.obs.bind(req.request_id[:MAX_REQUEST_ID])
-                seqs.append(await self.llm.build_async(req, inline=len(reqs) == 1))  # n samples: each off the loop
+                seqs.append(await self.llm.build_async(req, inline=len(reqs) == 1, client=client))  # each off the loop
                 life.obs.bind(seqs[-1].request_id, seqs[-1].ticket)
                 if (path := structure_path(seqs[-1])):
                     self.telemetry.metrics.structured.labels(path).inc()
             self._check_connection(first.connection)
-            client = current_client()
             if self.guard is not None and len(seqs) > 1:
                 self.guard.charge(client, len(seqs) - 1)  # the call itself paid for one sample
             makers = formatters or [None] * len(seqs)

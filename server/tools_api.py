@@ -149,6 +149,11 @@ def plan(tools: Optional[ToolRequest], parsers: Parsers, structured: Any) -> Any
                                                       "(docs/tools.md), or send tool_choice \"none\"")])
     if not tools.enforced:
         return structured
+    for i, t in enumerate(tools.tools):  # an enforced call must read back as a call: else a 200 without calls
+        picked = tools.choice.mode == "required" or t.name == tools.choice.name
+        if picked and [c.name for c in parsers.tool.extract(parsers.tool.render(t.name, {}))[1]] != [t.name]:
+            raise InvalidRequest([FieldViolation(f"tools[{i}].function.name", f"{clip(t.name)}: a call of it in this "
+                                                 f"model's format ({parsers.tool.name}) would not read back as a call")])
     return parsers.tool.enforced(tools.tools, tools.choice, tools.parallel, specials=parsers.specials)
 
 
@@ -197,10 +202,18 @@ def _call(field: str, c: Any, v: list[FieldViolation]) -> dict:
     args = fn.get("arguments", "{}") if isinstance(fn, dict) else None
     if not isinstance(name, str) or not name:
         v.append(FieldViolation(f"{field}.function.name", "must be the called function's name"))
-    if isinstance(args, dict):  # some clients send the object itself
+    if isinstance(args, dict):  # some clients send the object itself: measured before it is written out
         import json
 
-        args = json.dumps(args, ensure_ascii=False)
+        from celeris.engine.agents.history import MAX_JSON_NESTING
+        from celeris.engine.structured.constraint import value_depth
+
+        if value_depth(args, MAX_JSON_NESTING) > MAX_JSON_NESTING:
+            v.append(FieldViolation(f"{field}.function.arguments",
+                                    f"nests arrays and objects more than {MAX_JSON_NESTING} deep"))
+            args = "{}"
+        else:
+            args = json.dumps(args, ensure_ascii=False)
     if not isinstance(args, str):
         v.append(FieldViolation(f"{field}.function.arguments", "must be a JSON string"))
     if isinstance(c, dict) and c.get("type", "function") != "function":

@@ -3,11 +3,12 @@
 `parse_tools` reads `[{"type": "function", "function": {"name", "description", "parameters",
 "strict"}}]` and `parse_tool_choice` reads "none" | "auto" | "required" | {"type": "function",
 "function": {"name": ...}}; both raise InvalidRequest naming the exact field (e.g.
-`tools[2].function.parameters.properties.a.uniqueItems`). Limits come before any work that grows
-with the input: the list's length, each schema's size and nesting, then the compile. A tool's
-parameters are compiled the way enforcement compiles them (llguidance's JSON-schema compiler with
-the structured-outputs overrides, engine/structured/document.py), so a tool that is accepted here
-can be enforced later.
+`tools[2].function.parameters.properties.a.uniqueItems`). A door's parse checks only what costs
+nothing: the list's length, names (matched whole), each schema's size and nesting. The engine
+compiles the schemas (`compile_problems`) after the prompt's length is known, on the compile
+lanes, in the verdicts' child process (engine/structured/lanes.py, verdicts.py), the way
+enforcement compiles them (llguidance's JSON-schema compiler with the structured-outputs
+overrides, engine/structured/document.py), so a tool that is accepted can be enforced later.
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ import json
 import re
 import secrets
 import string
+import time
 from dataclasses import dataclass, field as dc_field
-from typing import Optional
+from typing import Optional, Sequence
 
 import llguidance
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.structured.constraint import LIMITS, Compiler, StructureError
+from celeris.engine.structured.spec import LIMITS, MAX_SCHEMA_NESTING, StructureError, read_schema, value_depth
 from celeris.engine.structured.document import OPTIONS, locate
+from celeris.engine.structured.verdicts import Verdicts, VerdictTimeout
 
 MAX_TOOLS = 128
 MAX_TOOLS_CHARS = 262_144  # all tools' JSON text together (each schema is also held to MAX_SCHEMA_CHARS)
 MAX_DESCRIPTION_CHARS = 8_192
-NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's function-name rule
+TOOLS_COMPILE_S = 20.0  # one request's tools compile within this (compile_problems), else refused
+NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's function-name rule, matched whole (fullmatch: no "\n")
 CHOICE_MODES = ("none", "auto", "required", "function")
 _ID_CHARS = string.ascii_letters + string.digits
 
@@ -92,7 +96,7 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
             v.append(FieldViolation(f"{f}.function", "must be an object with a name"))
             continue
         name = fn.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             v.append(FieldViolation(f"{f}.function.name", f"must match ^[a-zA-Z0-9_-]{{1,64}}$, got {clip(name)}"))
             continue
         if name in seen:
@@ -109,8 +113,13 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
         if strict is not None and not isinstance(strict, bool):
             v.append(FieldViolation(f"{f}.function.strict", "must be a boolean"))
         shapes.append((f, name, desc, fn.get("parameters"), bool(strict)))
+    deep = f"nests arrays and objects more than {MAX_SCHEMA_NESTING} deep"
+    v += [FieldViolation(f"{f}.function.parameters", deep) for f, _, _, params, _ in shapes
+          if value_depth(params, MAX_SCHEMA_NESTING) > MAX_SCHEMA_NESTING]  # before anything recurses into it
     if v:
         raise InvalidRequest(v)
+    if value_depth(list(value), MAX_SCHEMA_NESTING + 3) > MAX_SCHEMA_NESTING + 3:  # the list, a tool, its function
+        raise _bad(field, f"a tool {deep} in its other fields")
     try:
         total = len(json.dumps(list(value)))
     except (TypeError, ValueError):
@@ -131,9 +140,9 @@ def parse_tools(value: object, field: str = "tools") -> tuple[Tool, ...]:
 
 
 def check_parameters(params: object, field: str) -> dict:
-    """A function's parameters schema, as enforcement will compile it: missing -> {"type":
-    "object"}; size and nesting first, then llguidance's JSON-schema compile with the fixed
-    options; refused by the schema path its error names."""
+    """A function's parameters schema, shape only: missing -> {"type": "object"}; its size and
+    nesting checked. Whether llguidance compiles it is the engine's to find out, on the
+    structured-output lanes (`compile_problems`, engine/requests.py), after the prompt's length."""
     if params is None:
         return {"type": "object"}
     if not isinstance(params, dict):
@@ -141,13 +150,9 @@ def check_parameters(params: object, field: str) -> dict:
     if "type" in params and params["type"] != "object":
         raise _bad(f"{field}.type", "a function's parameters must be an object schema (\"type\": \"object\")")
     try:
-        schema = Compiler._schema(params, field)
+        return read_schema(params, field)
     except StructureError as e:
         raise _bad(e.path, e.reason) from None
-    problem = schema_problem(json.dumps(schema, separators=(",", ":")))
-    if problem:
-        raise _bad(locate(schema, problem, field) or field, problem)
-    return schema
 
 
 def args_schema(schema: dict, separators: tuple[str, str] = (",", ":")) -> dict:
@@ -159,26 +164,44 @@ def args_schema(schema: dict, separators: tuple[str, str] = (",", ":")) -> dict:
     return {**schema, "x-guidance": {**own, **OPTIONS, "item_separator": item, "key_separator": key}}
 
 
-_problems: dict[str, str] = {}
+def compile_problems(tools: Sequence[dict], verdicts: Verdicts, budget_s: float = TOOLS_COMPILE_S,
+                     field: str = "tools") -> list[FieldViolation]:
+    """Why each tool's parameters cannot be enforced, as llguidance compiles them (in the
+    verdicts' child process), by the schema path its error names; all of a request's tools
+    together within `budget_s`, past which the rest are refused by name (a bound in time: the
+    library's compile has none of its own). `tools`: OpenAI-shaped dicts (`Tool.openai`)."""
+    v: list[FieldViolation] = []
+    deadline = time.monotonic() + budget_s
+    for i, t in enumerate(tools):
+        schema = t["function"].get("parameters") or {"type": "object"}
+        where = f"{field}[{i}].function.parameters"
+        try:
+            problem = verdicts.problem(arguments_grammar(schema), deadline - time.monotonic())
+        except VerdictTimeout:
+            v.append(FieldViolation(where, f"the request's tools did not compile within {budget_s:g} s (the "
+                                           f"server's bound for one request's tools): send fewer or simpler schemas"))
+            break
+        if problem:
+            problem = f"the constraint library refuses it: {problem}"
+            v.append(FieldViolation(locate(schema, problem, where) or where, problem))
+    return v
+
+
+def arguments_grammar(schema: dict) -> str:
+    """The lark grammar of a call's arguments under `schema`, as enforcement compiles it."""
+    return "start: %json " + json.dumps(args_schema(schema))
 
 
 def schema_problem(text: str) -> str:
-    """Why llguidance will not compile this schema text (as an arguments document), or ""; a
-    bounded cache, as the compiler keeps its own verdicts."""
-    hit = _problems.get(text)
-    if hit is not None:
-        return hit
+    """Why llguidance will not compile this schema text (as an arguments document), or "" (in
+    this process: tests and offline callers; the server asks `compile_problems`)."""
     try:
-        grammar = llguidance.LLMatcher.grammar_from_lark("start: %json " + json.dumps(args_schema(json.loads(text))))
+        grammar = llguidance.LLMatcher.grammar_from_lark(arguments_grammar(json.loads(text)))
         msg = llguidance.LLMatcher.validate_grammar(grammar, None, limits=LIMITS)
     except ValueError as e:  # pragma: no cover - the library's own refusal of the text
         msg = str(e)
     msg = msg.strip().split("\n")[0]  # its first line; the rest echoes the grammar text
-    problem = f"the constraint library refuses it: {msg[:200]}" if msg else ""
-    if len(_problems) >= 256:
-        _problems.clear()
-    _problems[text] = problem
-    return problem
+    return f"the constraint library refuses it: {msg[:200]}" if msg else ""
 
 
 def parse_tool_choice(value: object, tools: tuple[Tool, ...], field: str = "tool_choice") -> ToolChoice:
@@ -206,4 +229,4 @@ def parse_tool_choice(value: object, tools: tuple[Tool, ...], field: str = "tool
 
 
 __all__ = ["Tool", "ToolCall", "ToolChoice", "parse_tools", "parse_tool_choice", "new_call_id", "MAX_TOOLS",
-           "check_parameters", "args_schema", "CHOICE_MODES"]
+           "check_parameters", "args_schema", "compile_problems", "schema_problem", "CHOICE_MODES"]

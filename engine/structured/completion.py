@@ -19,6 +19,8 @@ from typing import Optional
 import llguidance
 import numpy as np
 
+from celeris.engine.structured.scan import Scan, Tokens  # noqa: F401 (re-exported)
+
 MAX_SHORTEST = 16384  # bytes the shortest document is looked for within at compile (past that: refused)
 # Matcher operations (a mask, a token validated, a state copied) one search may spend: a budget in
 # work, not seconds, so a schema's verdict does not depend on the machine's load. At compile a
@@ -35,17 +37,6 @@ STRING_GREEDY = 48  # bytes a string may take greedily before its end is searche
 STRING_DEPTH = 96  # bytes that search goes to
 STRING_WIDTH = 32  # matcher states it keeps a byte (distinct by the bytes they allow)
 MASK_VOCAB = 16384  # vocabularies up to this size: a mask is cheaper than validating each byte (_classes)
-_PRINTABLE = bytes(range(0x20, 0x7f))
-_LETTERS = bytes(range(0x61, 0x7b)) + bytes(range(0x30, 0x3a)) + bytes(range(0x41, 0x5b))
-# Bytes tried in order when writing the completion. Outside strings: close what is open, then
-# separators (a member or item ends, the next required one starts), then the shortest values
-# (digits before `"`: a digit is one token, a string two). Inside a string: close it first.
-_OUTSIDE = b'}],:0123456789"ntf-.[{' + _LETTERS + _PRINTABLE
-_INSIDE = b'"' + _LETTERS + _PRINTABLE
-# Inside a string that has 3 or more bytes and may not end yet (a format, a pattern): the bytes
-# that separate a format's parts first (email's @, a host's dots, a URI's colon), when the last
-# two bytes are not one of them (a part of at least two characters: a top-level domain's).
-_SEPARATORS = b'@.-:/_ '
 
 
 @dataclass(frozen=True)
@@ -70,6 +61,11 @@ class OutOfFuel(Exception):
     """A completion search spent its budget of matcher operations (COMPILE_FUEL, STEP_FUEL)."""
 
 
+class LibraryStopped(Exception):
+    """The matcher itself stopped on the grammar (one of llguidance's parser limits, e.g. more
+    items in a row than it keeps): no completion was found because none could be searched."""
+
+
 class Fuel:
     __slots__ = ("left",)
 
@@ -82,102 +78,22 @@ class Fuel:
             raise OutOfFuel
 
 
-class Scan:
-    """Where a JSON prefix stands, fed byte by byte: inside a string (a key or a value) or not.
-    Only the completion's byte order depends on it (the grammar decides what is allowed)."""
-
-    __slots__ = ("stack", "string", "key", "escape", "want_key", "length", "since")
-
-    def __init__(self):
-        self.stack, self.string, self.key, self.escape, self.want_key = [], False, False, False, False
-        self.length = 0  # bytes in the string open now
-        self.since = 0  # bytes since its last separator (or its start)
-
-    def copy(self) -> "Scan":
-        c = Scan()
-        c.stack, c.string, c.key, c.escape, c.want_key = list(self.stack), self.string, self.key, self.escape, \
-            self.want_key
-        c.length, c.since = self.length, self.since
-        return c
-
-    def feed(self, data: bytes) -> None:
-        for b in data:
-            if self.string:
-                self.length += 1
-                self.since = 0 if b in _SEPARATORS else self.since + 1
-                if self.escape:
-                    self.escape = False
-                elif b == 0x5C:  # backslash
-                    self.escape = True
-                elif b == 0x22:
-                    self.string = False
-            elif b == 0x22:
-                self.string, self.key, self.want_key, self.length, self.since = True, self.want_key, False, 0, 0
-            elif b in (0x7B, 0x5B):  # { [
-                self.stack.append(b)
-                self.want_key = b == 0x7B
-            elif b in (0x7D, 0x5D):  # } ]
-                if self.stack:
-                    self.stack.pop()
-                self.want_key = False
-            elif b == 0x2C:  # ,
-                self.want_key = bool(self.stack) and self.stack[-1] == 0x7B
-            elif b == 0x3A:  # :
-                self.want_key = False
-
-    @property
-    def in_value_string(self) -> bool:
-        return self.string and not self.key
-
-
-class Tokens:
-    """Per tokenizer, built once (Compiler.tokens): each token's bytes, the single-byte tokens in
-    the completion's byte orders, the tokens that hold a quote or a backslash (inside a string
-    they end it or start an escape: never plain text) and a table of byte strings to tokens
-    (`segment`)."""
-
-    def __init__(self, ll: llguidance.LLTokenizer, vocab: int, eos: int):
-        self.eos, self.vocab = eos, vocab
-        self.bytes = [ll.decode_bytes([t]) for t in range(vocab)]
-        one = {}
-        for b in range(256):
-            ids = ll.tokenize_bytes(bytes([b]))
-            if len(ids) == 1:
-                one[b] = ids[0]
-        self.outside = [one[b] for b in dict.fromkeys(_OUTSIDE) if b in one]
-        self.inside = [one[b] for b in dict.fromkeys(_INSIDE) if b in one]
-        self.separators = {one[b] for b in _SEPARATORS if b in one}
-        self.separated = self.inside[:1] + [one[b] for b in _SEPARATORS if b in one] + [
-            t for t in self.inside[1:] if t not in self.separators]
-        self.digits = {one[b] for b in b"0123456789" if b in one}
-        self.numeric = self.inside[:1] + [t for t in self.inside[1:] if t in self.digits] + [
-            t for t in self.inside[1:] if t not in self.digits]
-        self.quoting = np.array([b'"' in x or b"\\" in x for x in self.bytes], dtype=bool)
-        self.single = np.zeros(vocab, dtype=bool)
-        self.single[list(one.values())] = True
-        # A single-byte token's class in the string search: one letter of each case and one digit stand for the rest.
-        self.kind = {t: "a" if b.islower() else "A" if b.isupper() else "0" if b.isdigit() else b
-                     for t, b in ((t, self.bytes[t]) for t in one.values())}
-        special = {eos} | {t for t in range(vocab) if not self.bytes[t]}
-        self.spell: dict[bytes, int] = {}
-        for t in range(vocab):  # the lowest id of each byte string (special ids never spell text)
-            if t not in special:
-                self.spell.setdefault(self.bytes[t], t)
-        self.longest = max(map(len, self.spell), default=1)
-
-
 def shortest(tokens: Tokens, m: llguidance.LLMatcher, scan: Scan, limit: int, scratch: np.ndarray,
              max_bytes: int = MAX_SHORTEST, fuel: int = STEP_FUEL, hints: Hints = NO_HINTS
              ) -> Optional[list[int]]:
     """The fewest tokens found that take m's state to the document's end (m is left as it was),
     or None if none within `limit` tokens (or `max_bytes` bytes) is found. OutOfFuel if the
-    search takes more than `fuel` matcher operations. `hints`: what the schema suggests trying
+    search takes more than `fuel` matcher operations, LibraryStopped if the matcher stops on an
+    error of its own (a parser limit). `hints`: what the schema suggests trying
     (Hints); where the search with its keys finds nothing, it is tried once more without them."""
     max_bytes = min(max_bytes, limit * tokens.longest)
     budget = Fuel(fuel)
     for tried in (hints, replace(hints, keys=())) if hints.keys else (hints,):
         for order in (tokens.separated, tokens.inside, tokens.numeric):
-            path = _bytes(tokens, m.deep_copy(), scan.copy(), max_bytes, scratch, order, budget, tried)
+            tried_m = m.deep_copy()
+            path = _bytes(tokens, tried_m, scan.copy(), max_bytes, scratch, order, budget, tried)
+            if path is None and tried_m.is_error():  # the library's own limit, not a missing document
+                raise LibraryStopped(tried_m.get_error().strip().split("\n")[0][:200])
             if path is not None:
                 best = segment(tokens, m, b"".join(tokens.bytes[t] for t in path)) or path
                 return best if len(best) <= limit else None

@@ -42,17 +42,48 @@ def test_the_twenty_test_schemas_parse():
     ([_fn("a"), _fn("b"), _fn("a")], "tools[2].function.name"),
     ([_fn("a", parameters=[1])], "tools[0].function.parameters"),
     ([_fn("a", parameters={"type": "string"})], "tools[0].function.parameters.type"),
+    ([_fn("a", description=3)], "tools[0].function.description"),
+    ([_fn("a", strict="yes")], "tools[0].function.strict"),
+])
+def test_bad_tools_are_refused_by_field(value, field):
+    assert _field(value) == field
+
+
+COMPILE_REFUSED = [
     ([_fn("a"), _fn("b"), _fn("c", parameters={"type": "object", "properties": {
         "x": {"type": "array", "uniqueItems": True}}})], "tools[2].function.parameters.properties.x.uniqueItems"),
     ([_fn("a", parameters={"type": "object", "properties": {"d": {"type": "string", "format": "nope"}}})],
      "tools[0].function.parameters.properties.d.format"),
     ([_fn("a", parameters={"type": "object", "properties": {"r": {"$ref": "#/$defs/missing"}}})],
      "tools[0].function.parameters"),
-    ([_fn("a", description=3)], "tools[0].function.description"),
-    ([_fn("a", strict="yes")], "tools[0].function.strict"),
-])
-def test_bad_tools_are_refused_by_field(value, field):
-    assert _field(value) == field
+]
+
+
+def test_schemas_the_library_refuses_are_named_by_path_when_the_engine_compiles_them(verdicts):
+    """The door checks shapes only; the engine compiles each schema (in the verdicts' child
+    process, on the compile lanes) and names the path llguidance's error points at."""
+    for value, field in COMPILE_REFUSED:
+        tools = [t.openai() for t in parse_tools(value)]  # the shapes pass the door
+        v = agent_tools.compile_problems(tools, verdicts)
+        assert [x.field for x in v] == [field], v
+    assert agent_tools.compile_problems([t.openai() for t in parse_tools(TOOLS)], verdicts) == []
+
+
+def test_a_tool_list_past_its_compile_budget_is_refused_by_name(verdicts):
+    slow = [t.openai() for t in parse_tools([_fn(f"t{i}", parameters={"type": "object", "properties": {
+        f"p{i}": {"type": "string"}}}) for i in range(3)])]
+    v = agent_tools.compile_problems(slow, verdicts, budget_s=0.0)
+    assert len(v) == 1 and v[0].field == "tools[0].function.parameters" and "did not compile within" in v[0].description
+    assert agent_tools.compile_problems(slow, verdicts) == []  # a fresh child answers the next request
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    from celeris.engine.structured.verdicts import Verdicts
+
+    v = Verdicts()
+    yield v
+    v.close()
 
 
 def test_the_door_names_its_own_root():

@@ -43,6 +43,9 @@ class Hermes:
                 pass
         return kept.strip(), calls
 
+    def render(self, name, arguments):  # plan() checks an enforced call reads back as a call
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
     def enforced(self, tools, choice, parallel, specials=None):
         return ("enforced", choice.mode, parallel)
 
@@ -162,3 +165,15 @@ def test_streamed_deltas_reassemble_to_the_message():
             got["tool_calls"][tc["index"]]["function"]["arguments"] += tc["function"]["arguments"]
     assert got["tool_calls"] == msg["tool_calls"] and got["content"] == msg["content"]
     assert sum("tool_calls" in d for d in tool_answers.deltas(answer)) > 2  # the arguments came in pieces
+
+
+def test_an_enforced_call_that_would_not_read_back_is_a_400_not_a_200_without_calls():
+    """Issue 60 item 4: "required" or a named call always parses, or the request is refused."""
+    class Unreadable(Hermes):
+        def render(self, name, arguments):
+            return f"<tool_call>{{\"name\": \"{name}\n\"}}</tool_call>"  # a name the JSON cannot hold
+
+    required = parse({"messages": USER, "tools": [WEATHER], "tool_choice": "required"}).tools
+    with pytest.raises(InvalidRequest) as e:
+        tools_api.plan(required, tools_api.Parsers(Unreadable()), None)
+    assert e.value.violations[0].field == "tools[0].function.name" and "read back" in e.value.violations[0].description

@@ -17,7 +17,7 @@ import pytest
 
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.requests import Request
-from celeris.engine.structured import completion
+from celeris.engine.structured import compiler as compiler_module, completion
 from celeris.engine.structured.completion import Fuel, Scan, segment, shortest
 from celeris.engine.structured.constraint import Compiler, Constraint, Structured, StructureError
 from tests.unit.structured.decoding import decode_beside_free, valid
@@ -179,9 +179,7 @@ def test_tight_canvases_validate_beside_a_free_request_and_another_schema(llm):
 def test_a_completion_search_past_its_budget_refuses_the_schema_by_name(llm, monkeypatch):
     """A schema whose shortest document the compile-time search cannot find within COMPILE_FUEL
     matcher operations is refused (deterministically: a budget in work, not seconds)."""
-    from celeris.engine.structured import constraint
-
-    monkeypatch.setattr(constraint, "COMPILE_FUEL", 5)
+    monkeypatch.setattr(compiler_module, "COMPILE_FUEL", 5)
     fresh = Compiler(llm.tokenizer, llm.requests.family_vocab)  # verdicts are remembered per compiler
     with pytest.raises(StructureError, match="search budget"):
         fresh.compile(Structured("json_schema", FAR, "response_format.json_schema.schema"), 120)
