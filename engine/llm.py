@@ -16,7 +16,7 @@ import torch
 
 from celeris.engine.config import EngineConfig, ModelConfig, read_json
 from celeris.engine.families import registry
-from celeris.engine.families.family import FULL, Family, family_of
+from celeris.engine.families.family import FULL, Family
 from celeris.engine.sampling.knobs import configured
 from celeris.engine.models.fp8 import check_fp8_device, quantize_fp8
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
@@ -62,7 +62,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
     A block-diffusion model decodes in its trained block size, one token per step by default
     (SDAR's and LLaDA2's published step counts equal the block length).
     """
-    family = family_of(cfg) if cfg is not None else Family("", FULL, None)
+    family = registry.family_of(cfg) if cfg is not None else Family("", FULL, None)
     raw = read_json(folder, "generation_config.json")
     return replace(family.base_params(), **configured(raw, family.model_knobs)).validate()
 
@@ -75,7 +75,7 @@ class LLM:
     def __init__(self, model: MaskPredictor, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.name = model, tokenizer, config, name
-        self.family: Family = family_of(model.cfg)  # decided once: every other place asks it
+        self.family: Family = registry.family_of(model.cfg)  # decided once: every other place asks it
         self.row = registry.row_of(self.family)  # its runner, request state and warm-up
         self.runner: StepRunner = self.row.runner(model, config, self.family)
         self.loop = StepLoop(self.runner, config.max_queue)
@@ -89,7 +89,7 @@ class LLM:
         folder = model_folder(folder)
         if config.quantization == "fp8":  # refused before any weight is read on a device without FP8 matmuls
             check_fp8_device(config.device)
-        model = registry.claim(folder).load(folder, config)  # the first family row that claims the folder
+        model = registry.load(folder, config)  # by the row of the first architecture card that claims it
         if config.quantization == "fp8":  # packed once the weights are in, before any warm-up or graph capture
             total = count_parameters(model)  # what parameter_count reports: the packed weights are buffers
             quantize_fp8(model)

@@ -25,7 +25,7 @@ import torch
 
 from celeris.engine.models.cache import CanvasCache, KVCacheStore
 from celeris.engine.config import EngineConfig
-from celeris.engine.families.family import Family, family_of
+from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
@@ -69,10 +69,10 @@ class View(NamedTuple):
 
 
 class Runner(ConfigCosts):
-    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
+    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Family):
         self.model = model
         self.config = config
-        self.family = family or family_of(model.cfg)
+        self.family = family
         self.device = next(model.parameters()).device
         self.mask_id = model.cfg.mask_token_id
         self.max_len = config.bucket_length(config.max_prompt_tokens + config.max_gen_length)

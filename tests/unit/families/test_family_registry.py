@@ -12,8 +12,9 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.families.canvas.runner import Runner
-from celeris.engine.families.family import BLOCK, FULL, REVISE, REVISE_KNOBS, family_of
-from celeris.engine.families.registry import ROWS, claim, row_of
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.families.family import BLOCK, FULL, REVISE, REVISE_KNOBS
+from celeris.engine.families.registry import ROWS, claim, family_of, row_of
 from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.families.revise.sampler import ReviseParams
 from celeris.engine.families.revise.sequence import RevisingSequence
@@ -38,7 +39,8 @@ def test_rows_claim_their_folders(tmp_path):
     assert claim(EMBEDDED_MODELS["celeris-tiny-block"]).kind == BLOCK
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DiffusionGemmaForBlockDiffusion"]}))
     assert claim(tmp_path).kind == REVISE
-    assert claim(tmp_path / "missing").kind == FULL  # the ordinary loader says what is wrong
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        claim(tmp_path / "missing")
 
 
 def test_the_llm_asks_its_row(tiny_llm):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from celeris.engine.families.family import family_of
+from celeris.engine.families.registry import family_of
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens, simulate
 from celeris.engine.loop.sequence import FinishReason
