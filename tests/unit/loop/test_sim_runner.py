@@ -51,7 +51,7 @@ def test_step_sleeps_the_step_time(sim_llm):
 
 def test_block_models_are_refused(tiny_llm):
     fake = dataclasses.replace(tiny_llm.model_config, arch="sdar", block_length=4)
-    assert fake.family == "block"
+    assert family_of(fake).block
 
     class Stub:
         family = family_of(fake)
