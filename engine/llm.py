@@ -23,7 +23,8 @@ from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
 from celeris.engine.loop.runner_api import StepRunner
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.families.sequence import DecodeSequence
+from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.tokenizer import Tokenizer
 
@@ -125,18 +126,18 @@ class LLM:
         """The sampling parameters a request starts from (the checkpoint's recommendations)."""
         return self.requests.defaults
 
-    def build(self, req: Request) -> Sequence:
+    def build(self, req: Request) -> DecodeSequence:
         return self.requests.build(req)
 
-    async def build_async(self, req: Request, inline: bool = True) -> Sequence:
+    async def build_async(self, req: Request, inline: bool = True) -> DecodeSequence:
         return await self.requests.build_async(req, inline)
 
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
-                messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
+                messages: Optional[Seq[dict]] = None, request_id: str = "") -> DecodeSequence:
         """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""
         return self.requests.request(prompt, params, messages, request_id)
 
-    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> Sequence:
+    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> DecodeSequence:
         return self.requests.sequence(prompt_ids, params, request_id)
 
     def encode_prompt(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
@@ -175,7 +176,7 @@ class LLM:
         """The server's warm-up request: one tiny generation of this family."""
         return self.row.warmup_params()
 
-    def result(self, seq: Sequence) -> Result:
+    def result(self, seq: DecodeSequence) -> Result:
         ids = seq.generated()
         return Result(seq.request_id, self.tokenizer.decode_cut(ids, seq.stop_text), ids, seq.nfe,
                       seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt),
@@ -189,7 +190,7 @@ class LLM:
         params = params or self.defaults
         return self.run([self.request(p, params) for p in prompts], on_event)
 
-    def run(self, seqs: Seq[Sequence], on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
+    def run(self, seqs: Seq[DecodeSequence], on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
         """Run built sequences (`build`, e.g. of a `Request` with a structured output) to completion."""
         for s in seqs:
             self.loop.add(s, bounded=False)  # offline: the caller owns the whole list

@@ -31,6 +31,7 @@ from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.families.canvas import cards as canvas_cards
 from celeris.engine.families.canvas.runner import Runner
+from celeris.engine.families.canvas.sequence import CanvasSequence
 from celeris.engine.families.card import ArchCard
 from celeris.engine.families.family import BLOCK, FULL, REVISE, Family
 from celeris.engine.families.revise import card as revise_card
@@ -38,7 +39,7 @@ from celeris.engine.families.revise.config import generation_eos
 from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.families.revise.weights import load_gemma
-from celeris.engine.loop.sequence import Sequence
+from celeris.engine.families.sequence import DecodeSequence
 from celeris.engine.models.checkpoint import checkpoint_folder
 from celeris.engine.models.weights import Checkpoint, load_checkpoint
 from celeris.engine.sampling.params import SamplingParams
@@ -53,7 +54,7 @@ class Row:
     cards: tuple[ArchCard, ...]  # its architectures, in claiming order
     loader: Callable[[Path, EngineConfig, ArchCard], Any]  # a folder's model of a card (`.cfg` names the card)
     runner: type  # the StepRunner: runner(model, config, family)
-    sequence: type  # the Sequence class of its requests
+    sequence: type  # the DecodeSequence class of its requests
     shape: Shape  # how a request's parameters become its Sequence (see Shape)
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
     documents: bool = True  # serves structured outputs' whole-document path (else the skeleton only)
@@ -62,7 +63,7 @@ class Row:
     choice_probabilities: bool = True
 
     def new_sequence(self, family: Family, config: EngineConfig, request_id: str, prompt: list[int],
-                     params: SamplingParams, **fields: Any) -> Sequence:
+                     params: SamplingParams, **fields: Any) -> DecodeSequence:
         """A validated request's decoding state (seed already filled in)."""
         params, extra = self.shape(params, family, config)
         return self.sequence(request_id, prompt, params, **extra, **fields)
@@ -126,7 +127,7 @@ ROWS: tuple[Row, ...] = (
         documents=False,  # not yet: its canvases commit another way
         choice_probabilities=False),  # its canvases are re-sampled whole, not one slot front a step
     Row(BLOCK, block_cards.CARDS, _load_masked, BlockRunner, BlockSequence, _block_shape),
-    Row(FULL, canvas_cards.CARDS, _load_masked, Runner, Sequence, _canvas_shape),
+    Row(FULL, canvas_cards.CARDS, _load_masked, Runner, CanvasSequence, _canvas_shape),
 )
 
 
