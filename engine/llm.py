@@ -16,7 +16,7 @@ import torch
 
 from celeris.engine.config import EngineConfig, ModelConfig, read_json
 from celeris.engine.families import registry
-from celeris.engine.families.family import FULL, Family
+from celeris.engine.families.family import PLAIN, Family
 from celeris.engine.sampling.knobs import configured
 from celeris.engine.models.fp8 import check_fp8_device, quantize_fp8
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
@@ -63,7 +63,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
     A block-diffusion model decodes in its trained block size, one token per step by default
     (SDAR's and LLaDA2's published step counts equal the block length).
     """
-    family = registry.family_of(cfg) if cfg is not None else Family("", FULL, None)
+    family = registry.family_of(cfg) if cfg is not None else PLAIN
     raw = read_json(folder, "generation_config.json")
     return replace(family.base_params(), **configured(raw, family.model_knobs)).validate()
 

@@ -103,7 +103,6 @@ class Family:
                                                    "models"))
         return bad
 
-
     @staticmethod
     def _revise_violations(p: SamplingParams) -> list[FieldViolation]:
         """DiffusionGemma samples by its own temperature schedule and entropy bound: the mask
@@ -115,3 +114,8 @@ class Family:
         if p.kv_cache not in (None, "none", "exact"):
             bad.append(FieldViolation("kv_cache", "revising models always decode over their exact cache"))
         return bad
+
+
+# A folder's defaults read without its config (`llm.model_defaults(folder)`): a whole-canvas mask
+# model's knobs, no card's defaults over them.
+PLAIN = Family("", FULL, None)
