@@ -16,14 +16,15 @@ import torch
 
 from celeris.engine.config import EngineConfig, ModelConfig, read_json
 from celeris.engine.families import registry
-from celeris.engine.families.family import FULL, Family, family_of
+from celeris.engine.families.family import PLAIN, Family
 from celeris.engine.sampling.knobs import configured
 from celeris.engine.models.fp8 import check_fp8_device, quantize_fp8
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
 from celeris.engine.loop.runner_api import StepRunner
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.families.sequence import DecodeSequence
+from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.tokenizer import Tokenizer
 
@@ -62,7 +63,7 @@ def model_defaults(folder: Path, cfg: Optional[ModelConfig] = None) -> SamplingP
     A block-diffusion model decodes in its trained block size, one token per step by default
     (SDAR's and LLaDA2's published step counts equal the block length).
     """
-    family = family_of(cfg) if cfg is not None else Family("", FULL, None)
+    family = registry.family_of(cfg) if cfg is not None else PLAIN
     raw = read_json(folder, "generation_config.json")
     return replace(family.base_params(), **configured(raw, family.model_knobs)).validate()
 
@@ -75,7 +76,7 @@ class LLM:
     def __init__(self, model: MaskPredictor, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
                  defaults: SamplingParams = SamplingParams(), name: str = "model"):
         self.model, self.tokenizer, self.config, self.name = model, tokenizer, config, name
-        self.family: Family = family_of(model.cfg)  # decided once: every other place asks it
+        self.family: Family = registry.family_of(model.cfg)  # decided once: every other place asks it
         self.row = registry.row_of(self.family)  # its runner, request state and warm-up
         self.runner: StepRunner = self.row.runner(model, config, self.family)
         self.loop = StepLoop(self.runner, config.max_queue)
@@ -89,7 +90,7 @@ class LLM:
         folder = model_folder(folder)
         if config.quantization == "fp8":  # refused before any weight is read on a device without FP8 matmuls
             check_fp8_device(config.device)
-        model = registry.claim(folder).load(folder, config)  # the first family row that claims the folder
+        model = registry.load(folder, config)  # by the row of the first architecture card that claims it
         if config.quantization == "fp8":  # packed once the weights are in, before any warm-up or graph capture
             total = count_parameters(model)  # what parameter_count reports: the packed weights are buffers
             quantize_fp8(model)
@@ -125,18 +126,18 @@ class LLM:
         """The sampling parameters a request starts from (the checkpoint's recommendations)."""
         return self.requests.defaults
 
-    def build(self, req: Request) -> Sequence:
+    def build(self, req: Request) -> DecodeSequence:
         return self.requests.build(req)
 
-    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> Sequence:
+    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> DecodeSequence:
         return await self.requests.build_async(req, inline, client)
 
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
-                messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
+                messages: Optional[Seq[dict]] = None, request_id: str = "") -> DecodeSequence:
         """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""
         return self.requests.request(prompt, params, messages, request_id)
 
-    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> Sequence:
+    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> DecodeSequence:
         return self.requests.sequence(prompt_ids, params, request_id)
 
     def encode_prompt(self, prompt: Prompt = "", messages: Optional[Seq[dict]] = None) -> list[int]:
@@ -175,7 +176,7 @@ class LLM:
         """The server's warm-up request: one tiny generation of this family."""
         return self.row.warmup_params()
 
-    def result(self, seq: Sequence) -> Result:
+    def result(self, seq: DecodeSequence) -> Result:
         ids = seq.generated()
         return Result(seq.request_id, self.tokenizer.decode_cut(ids, seq.stop_text), ids, seq.nfe,
                       seq.finish_reason or FinishReason.LENGTH, seq.params.seed or 0, len(seq.prompt),
@@ -189,7 +190,7 @@ class LLM:
         params = params or self.defaults
         return self.run([self.request(p, params) for p in prompts], on_event)
 
-    def run(self, seqs: Seq[Sequence], on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
+    def run(self, seqs: Seq[DecodeSequence], on_event: Optional[Callable[[StepEvent], None]] = None) -> list[Result]:
         """Run built sequences (`build`, e.g. of a `Request` with a structured output) to completion."""
         for s in seqs:
             self.loop.add(s, bounded=False)  # offline: the caller owns the whole list

@@ -24,7 +24,7 @@ from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
 from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
-from celeris.engine.loop.sequence import Sequence
+from celeris.engine.families.sequence import DecodeSequence
 from celeris.engine.structured.constraint import LARGE_SCHEMA_CHARS, Compiler, Constraint, StructureError, Structured
 from celeris.engine.structured.lanes import Lanes
 from celeris.engine.structured.verdicts import Verdicts
@@ -82,7 +82,7 @@ def _short_plain(req: Request) -> bool:
 
 
 class Requests:
-    """Builds validated `Sequence`s for one loaded model."""
+    """Builds validated `DecodeSequence`s for one loaded model."""
 
     def __init__(self, tokenizer: Tokenizer, config: EngineConfig, defaults: SamplingParams, family: Family):
         self.tokenizer, self.config, self.defaults, self.family = tokenizer, config, defaults, family
@@ -182,7 +182,7 @@ class Requests:
         self.tokenizer.check_ids(ids, "token_ids")
         return ids, "token_ids"
 
-    def build(self, req: Request) -> Sequence:
+    def build(self, req: Request) -> DecodeSequence:
         """Validate and encode a whole request, reporting every bad field at once; the one place
         both doors' requests are checked. Size limits come before any tokenizing."""
         v: list[FieldViolation] = []
@@ -268,7 +268,7 @@ class Requests:
         return constraint
 
     @staticmethod
-    def _check_choice_window(seq: Sequence, field: str) -> None:
+    def _check_choice_window(seq: DecodeSequence, field: str) -> None:
         """A choice's options are scored in one forward over the first H output positions
         (engine/sampling/choice.py): they must all lie in the block that decodes position 0."""
         H, reach = seq.constraint.choice_horizon, seq.first_window
@@ -301,7 +301,7 @@ class Requests:
                 field, f"prompt is {len(ids)} tokens; the limit is {self.config.max_prompt_tokens}")])
         return ids
 
-    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> Sequence:
+    async def build_async(self, req: Request, inline: bool = True, client: str = "") -> DecodeSequence:
         """`build` in a worker thread, so tokenizing never stalls the caller's event loop: one with
         a structured output or tools on the compile lanes (engine/structured/lanes.py; `client`
         caps one client's builds there); with `inline` (a call of one sample: a door's n samples
@@ -354,7 +354,7 @@ class Requests:
         return await asyncio.get_running_loop().run_in_executor(self._encoder, self.detokenize, ids)
 
     def request(self, prompt: Prompt = "", params: Optional[SamplingParams] = None,
-                messages: Optional[Seq[dict]] = None, request_id: str = "") -> Sequence:
+                messages: Optional[Seq[dict]] = None, request_id: str = "") -> DecodeSequence:
         """`build` for the offline API: text or ids as `prompt`, or chat `messages`."""
         return self.build(self._offline_request(prompt, params, messages, request_id))
 
@@ -367,7 +367,7 @@ class Requests:
             return Request(prompt=prompt, params=params, request_id=request_id)
         return Request(token_ids=list(prompt), params=params, request_id=request_id)
 
-    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> Sequence:
+    def sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "") -> DecodeSequence:
         """A request of token ids (offline callers and tests): parameters checked, seed filled in."""
         v = self.violations(params)
         if v:
@@ -375,7 +375,7 @@ class Requests:
         return self._sequence(prompt_ids, params, request_id)
 
     def _sequence(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                  constraint: Optional[Constraint] = None) -> Sequence:
+                  constraint: Optional[Constraint] = None) -> DecodeSequence:
         """The decoding state of a validated request, with a seed when none was given, as its
         family's row builds it (engine/families/registry.py)."""
         if params.seed is None:

@@ -47,7 +47,8 @@ from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.sampling.params import SamplingParams  # noqa: E402
 from celeris.engine.families.canvas.runner import Runner  # noqa: E402
-from celeris.engine.loop.sequence import Sequence  # noqa: E402
+from celeris.engine.families.registry import family_of  # noqa: E402
+from celeris.engine.families.canvas.sequence import CanvasSequence  # noqa: E402
 
 VOCAB = 126_464  # LLaDA-8B's vocabulary (and embedding) size
 
@@ -124,12 +125,12 @@ def load_select(path: Path) -> Any:
 def run(model: MaskPredictor, a: argparse.Namespace, sampler: Any = sampler_mod) -> dict[str, Any]:
     """`a.steps` timed steps of `a.batch` requests after `a.warmup`: ms per step, by part."""
     cfg = EngineConfig(max_batch=a.batch, max_prompt_tokens=a.prompt_len, max_gen_length=a.gen_length)
-    runner = Runner(model, cfg)
+    runner = Runner(model, cfg, family_of(model.cfg))
     params = SamplingParams(gen_length=a.gen_length, steps=a.gen_length, block_length=a.block_length, seed=0,
                             stop_at_eos=False, temperature=a.temperature, top_p=a.top_p).validate(a.gen_length)
 
-    def fresh(i: int) -> Sequence:
-        s = Sequence(f"r{i}", [5 + i] * a.prompt_len, params, model.cfg.mask_token_id, frozenset())
+    def fresh(i: int) -> CanvasSequence:
+        s = CanvasSequence(f"r{i}", [5 + i] * a.prompt_len, params, model.cfg.mask_token_id, frozenset())
         s.slot = i
         runner.load(s)
         return s

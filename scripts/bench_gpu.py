@@ -29,24 +29,21 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(Path(__file__).resolve().parent)]
 
-from celeris.engine.families.block.runner import BlockRunner  # noqa: E402
-from celeris.engine.families.block.sequence import BlockSequence  # noqa: E402
 from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from celeris.engine.families.registry import card_named, family_of, row_of  # noqa: E402
 from celeris.engine.models.graphs import eager_capture  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.sampling.params import SamplingParams  # noqa: E402
-from celeris.engine.families.canvas.runner import Runner  # noqa: E402
-from celeris.engine.loop.sequence import Sequence  # noqa: E402
 
 LLADA_8B = ModelConfig(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288,
                        vocab_size=126464, embedding_size=126464, rope_theta=500000.0, mask_token_id=126336,
                        eos_token_id=126081, name="llada-8b-random")
-SDAR_8B = ModelConfig(arch="sdar", d_model=4096, n_heads=32, n_kv_heads=8, n_layers=36, mlp_hidden_size=12288,
+SDAR_8B = card_named("sdar").config(d_model=4096, n_heads=32, n_kv_heads=8, n_layers=36, mlp_hidden_size=12288,
                       vocab_size=151936, embedding_size=151936, rope_theta=1e6, mask_token_id=151669,
                       eos_token_id=151643, explicit_head_dim=128, qk_norm=True, block_length=4,
                       name="sdar-8b-random")
 # LLaDA2.0-mini's published shapes (Ling-mini-2.0 layout): 16B total, 256 routed experts.
-LLADA2_MINI = ModelConfig(arch="llada2", d_model=2048, n_heads=16, n_kv_heads=4, n_layers=20,
+LLADA2_MINI = card_named("llada2").config(d_model=2048, n_heads=16, n_kv_heads=4, n_layers=20,
                           mlp_hidden_size=5120, vocab_size=157184, embedding_size=157184, rope_theta=600000.0,
                           mask_token_id=156895, eos_token_id=156892, explicit_head_dim=128, qk_norm=True,
                           partial_rotary_factor=0.5, out_bias=False, logits_fp32=True, block_length=32,
@@ -55,10 +52,10 @@ LLADA2_MINI = ModelConfig(arch="llada2", d_model=2048, n_heads=16, n_kv_heads=4,
                           name="llada2-mini-random")
 TINY = ModelConfig(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=512,
                    embedding_size=512, mask_token_id=3, eos_token_id=2, name="tiny-random")
-TINY_SDAR = ModelConfig(arch="sdar", d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
+TINY_SDAR = card_named("sdar").config(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
                         vocab_size=512, embedding_size=512, mask_token_id=3, eos_token_id=2, qk_norm=True,
                         block_length=4, name="tiny-sdar-random")
-TINY_LLADA2 = ModelConfig(arch="llada2", d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
+TINY_LLADA2 = card_named("llada2").config(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128,
                           vocab_size=512, embedding_size=512, mask_token_id=3, eos_token_id=2, qk_norm=True,
                           partial_rotary_factor=0.5, logits_fp32=True, block_length=4, num_experts=8,
                           experts_per_token=2, num_shared_experts=1, moe_hidden_size=32, first_dense_layers=1,
@@ -94,17 +91,18 @@ def sync(device: torch.device) -> None:
 def measure(model: MaskPredictor, batch: int, graphs: bool, cache: str, block: int, per_step: int, a) -> dict:
     """Median step time at steady state; tok/s = tokens committed / wall time over the measured steps."""
     device = next(model.parameters()).device
-    is_block = model.cfg.family == "block"
+    family = family_of(model.cfg)
+    is_block, row = family.block, row_of(family)
     cfg = EngineConfig(device=str(device), max_batch=max(batch, 1), max_prompt_tokens=a.prompt_len,
                        max_gen_length=a.gen_length, cuda_graphs=graphs, graph_max_tokens=a.graph_max_tokens,
                        kv_cache="none" if is_block else cache, dtype=str(model.dtype).replace("torch.", ""))
-    runner = (BlockRunner if is_block else Runner)(model, cfg)
+    runner = row.runner(model, cfg, family)
     if graphs and device.type == "cpu":  # the smoke run rehearses the graph path eagerly
         runner._graphs.capture = eager_capture
         runner.use_graphs = runner.static = True
     params = SamplingParams(gen_length=a.gen_length, steps=a.gen_length // per_step, block_length=block,
                             seed=0, stop_at_eos=False).validate(a.gen_length)
-    kind = BlockSequence if is_block else Sequence
+    kind = row.sequence
 
     def fresh(i: int):
         s = kind(f"r{i}", [5 + i % 50] * a.prompt_len, params, model.cfg.mask_token_id, frozenset())

@@ -23,7 +23,7 @@ from celeris.engine.llm import EMBEDDED_MODELS, LLM  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.sampling.params import SamplingParams  # noqa: E402
 from celeris.engine.threads import available_cpus, serving_threads  # noqa: E402
-from celeris.engine.models.weights import save_model  # noqa: E402
+from celeris.engine.families.checkpoint import save_model  # noqa: E402
 from serving_process import ClientProcess, ServeProcess  # noqa: E402
 
 

@@ -140,9 +140,8 @@ def llada_vocab_tokenizer(folder: Path) -> None:
 
 def llada_vocab_model(folder: Path) -> Path:
     """A random model with LLaDA-8B's vocabulary and tokenizer shape and small layers (LLADA)."""
-    from celeris.engine.config import ModelConfig
+    from celeris.engine.families.checkpoint import parse_config, save_model
     from celeris.engine.models.transformer import MaskPredictor
-    from celeris.engine.models.weights import save_model
     folder.mkdir(parents=True, exist_ok=True)
     llada_vocab_tokenizer(folder)
     cfg = json.loads((EMBEDDED_MODELS["celeris-tiny"] / "config.json").read_text()) | {
@@ -150,7 +149,7 @@ def llada_vocab_model(folder: Path) -> Path:
         "eos_token_id": LLADA["eos"][0], "rope_theta": 500000.0, "d_model": 256, "n_heads": 32, "n_kv_heads": 32,
         "mlp_hidden_size": 768, "n_layers": 2, "max_sequence_length": 4096, "name": "llada-vocab-random"}
     torch.manual_seed(0)
-    save_model(MaskPredictor(ModelConfig.from_json(cfg)).eval(), folder)
+    save_model(MaskPredictor(parse_config(cfg)).eval(), folder)
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 

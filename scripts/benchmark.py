@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from celeris.engine.config import EngineConfig, ModelConfig  # noqa: E402
+from celeris.engine.config import EngineConfig  # noqa: E402
+from celeris.engine.families.registry import card_named  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.sampling.params import SamplingParams  # noqa: E402
@@ -123,7 +124,7 @@ def workload(llm: LLM, name: str, n: int) -> tuple[list[str], SamplingParams, li
 def random_block_llm(template: LLM, config: EngineConfig, block_length: int = 4) -> LLM:
     """A random SDAR-layout model with celeris-tiny's sizes and tokenizer: a speed figure only."""
     c = template.model.cfg
-    cfg = ModelConfig(arch="sdar", d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
+    cfg = card_named("sdar").config(d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
                       n_layers=c.n_layers, mlp_hidden_size=c.mlp_hidden_size, vocab_size=c.vocab_size,
                       embedding_size=c.vocab_size, mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
                       qk_norm=True, block_length=block_length, name=f"random SDAR layout ({c.name} sizes)")

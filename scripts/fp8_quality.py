@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from celeris.engine.config import ModelConfig  # noqa: E402
+from celeris.engine.families.registry import card_named  # noqa: E402
 from celeris.engine.models.fp8 import fp8_capable, quantize_fp8, use_kernel  # noqa: E402
 from celeris.engine.models.transformer import MaskPredictor  # noqa: E402
 from celeris.engine.sampling.params import SamplingParams  # noqa: E402
@@ -208,7 +209,8 @@ def speed_rows(a, rows: list, save) -> None:
 
 
 def config(shape: dict, **kw) -> ModelConfig:
-    return ModelConfig(**dict(shape, embedding_size=shape["vocab_size"], mask_token_id=MASK, eos_token_id=EOS, **kw))
+    card = card_named(kw.pop("arch", "llada"))  # its traits: LLaDA2 rotates in the model dtype
+    return card.config(**dict(shape, embedding_size=shape["vocab_size"], mask_token_id=MASK, eos_token_id=EOS, **kw))
 
 
 def cpu_name() -> str:

@@ -32,7 +32,7 @@ def write_checkpoint(folder: Path) -> int:
 
     from celeris.engine.config import ModelConfig
     from celeris.engine.models.transformer import MaskPredictor
-    from celeris.engine.models.weights import save_model
+    from celeris.engine.families.checkpoint import save_model
 
     torch.manual_seed(0)
     model = MaskPredictor(ModelConfig(arch="llada", mask_token_id=3, eos_token_id=2, **SHAPE))

@@ -9,7 +9,8 @@ import torch
 from celeris.engine.config import ModelConfig
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.training import data
-from celeris.engine.models.weights import save_model
+from celeris.engine.families.checkpoint import save_model
+from celeris.engine.families.registry import card_named
 
 TEXTS = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune,",
@@ -22,7 +23,8 @@ TEXTS = [
 def tiny_config(**kw) -> ModelConfig:
     base = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=96, vocab_size=300,
                 embedding_size=320, mask_token_id=data.MASK_ID, eos_token_id=data.EOS_ID, rope_theta=10000.0)
-    return ModelConfig(**(base | kw))
+    arch = kw.pop("arch", "llada")  # an architecture's config: its card's traits (Dream's logit shift, ...)
+    return card_named(arch).config(**(base | kw))
 
 
 def random_model(cfg: ModelConfig, seed: int = 0, std: float = 0.3) -> MaskPredictor:

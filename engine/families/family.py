@@ -2,44 +2,40 @@
 
 A family says how requests of a model decode: which runner steps them (a whole canvas, or block by
 block over an exact cache), how its published sampler picks tokens (`SelectionRule`), which
-defaults a request starts from, and which sampling options it refuses. Everything else in the
-engine asks the `Family`, never the config's architecture name.
+defaults a request starts from, and which sampling options it refuses. Its kind is its registry
+row's; its rule, defaults and token editing are its architecture card's (engine/families/card.py);
+`registry.family_of` puts the two together. Everything else in the engine asks the `Family`, never
+the config's architecture name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Optional
-
-import torch
+from typing import Any, Optional
 
 from celeris.engine.errors import FieldViolation
 from celeris.engine.sampling.batch import SelectionRule
 from celeris.engine.sampling.knobs import KNOBS, Knob, only, read_by
 from celeris.engine.sampling.params import MASK, REVISE as REVISING, SamplingParams
 
-REVISE_ARCH = "diffusion-gemma"
 FULL, BLOCK, REVISE = "full", "block", "revise"
 # The knobs only a revising family reads, and the mask-model knobs it does not have: both from
 # the knob table (SamplingParams' `only=` tags).
 REVISE_KNOBS = only(REVISING)
 _NOT_REVISING = only(MASK)
-# Dream's diffusion_generate reads top_k from the model's GenerationConfig, whose transformers
-# default is 50 unless generation_config.json sets it: confidences are then ranked over the 50
-# most likely tokens' renormalised probabilities.
-DREAM_TOP_K = 50
 
 
 @dataclass(frozen=True)
 class Family:
-    arch: str  # llada, dream, sdar, llada2, diffusion-gemma
+    arch: str  # its architecture card's name (reported, never compared)
     # FULL (LLaDA, Dream: a whole canvas, approximate caches), BLOCK (SDAR, LLaDA2: exact cache) or
     # REVISE (DiffusionGemma: uniform-noise canvases re-sampled until a rule stops each; what a
     # stream shows of the canvas being denoised may still change)
     kind: str
     rule: Optional[SelectionRule]
-    block_length: int = 0  # the trained block size of a block family
+    block_length: int = 0  # the trained block size of a block family (a revising one's canvas length)
     edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
+    defaults: tuple[tuple[str, Any], ...] = ()  # its card's published defaults, over the kind's
 
     @property
     def block(self) -> bool:
@@ -75,18 +71,15 @@ class Family:
         return configured if self.kind == FULL else "exact"
 
     def base_params(self) -> SamplingParams:
-        """Defaults before a checkpoint's own: a block family decodes in its trained block size,
-        one token per step (SDAR's and LLaDA2's published step counts equal the block length)."""
+        """Defaults before a checkpoint's own: the kind's, then the card's published ones. A block
+        family decodes in its trained block size, one token per step (SDAR's and LLaDA2's published
+        step counts equal the block length)."""
         base = SamplingParams()
         if self.revising:  # one canvas; steps and blocks mean nothing to it (its knobs are REVISE_KNOBS)
-            return replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
-        if self.arch == "dream":  # transformers' GenerationConfig default, which Dream's loop inherits
-            return replace(base, top_k=DREAM_TOP_K)
-        if not self.block:
-            return base
-        base = replace(base, block_length=self.block_length, steps=base.gen_length)
-        # LLaDA2.1's published generate(): threshold 0.95, editing_threshold 0.9, max_post_steps 16.
-        return replace(base, threshold=0.95, editing_threshold=0.9, max_post_steps=16) if self.edits else base
+            base = replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
+        elif self.block:
+            base = replace(base, block_length=self.block_length, steps=base.gen_length)
+        return replace(base, **dict(self.defaults))
 
     def violations(self, p: SamplingParams) -> list[FieldViolation]:
         """Options this family's decoding does not have, by field."""
@@ -110,7 +103,6 @@ class Family:
                                                    "models"))
         return bad
 
-
     @staticmethod
     def _revise_violations(p: SamplingParams) -> list[FieldViolation]:
         """DiffusionGemma samples by its own temperature schedule and entropy bound: the mask
@@ -124,16 +116,6 @@ class Family:
         return bad
 
 
-def family_of(cfg) -> Family:
-    """The family of a loaded model's config (a ModelConfig, or DiffusionGemma's GemmaConfig)."""
-    if getattr(cfg, "arch", "") == REVISE_ARCH:
-        return Family(REVISE_ARCH, REVISE, None, cfg.canvas_length)
-    if cfg.family == BLOCK:
-        # SDAR's and LLaDA2's samplers: x0 from the softmax, float32 confidences, dynamic threshold.
-        rule = SelectionRule(cfg.mask_token_id, torch.float32, x0_from_probs=True, block_threshold=True)
-        return Family(cfg.arch, BLOCK, rule, cfg.block_length, edits=cfg.token_editing)
-    if cfg.arch == "dream":  # Dream's sampler: softmax argmax, confidences in the logits' dtype, after top-k
-        return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, None, x0_from_probs=True,
-                                                    conf_after_filter=True))
-    # LLaDA's first published generate() and Fast-dLLM: float64 confidences over the raw logits.
-    return Family(cfg.arch, FULL, SelectionRule(cfg.mask_token_id, torch.float64))
+# A folder's defaults read without its config (`llm.model_defaults(folder)`): a whole-canvas mask
+# model's knobs, no card's defaults over them.
+PLAIN = Family("", FULL, None)

@@ -1,39 +1,47 @@
 """The decoding families, one row each: what the rest of the engine asks instead of the family's kind.
 
-A row claims a checkpoint folder, loads its model, names the runner that steps its requests and
-the `Sequence` class that holds each request's state (and how a request's parameters become that
-state), and the warm-up request the server runs before it reports ready. `LLM.load` walks the rows
-in order and loads with the first that claims the folder; a loaded model's `Family` (decided once
-from its config, engine/families/family.py) finds its row by kind. Adding a family is a folder
-beside canvas/, block/ and revise/ and one row here (docs/architecture.md).
+A row lists its family's architecture cards (engine/families/card.py), loads their models, names
+the runner that steps its requests and the `Sequence` class that holds each request's state (and
+how a request's parameters become that state), and the warm-up request the server runs before it
+reports ready. `load` reads a folder's config.json, refuses an architecture no card serves, and
+loads with the row of the first card that claims it; a loaded model's `Family` (`family_of`) is
+its card's rule and defaults under its row's kind. Adding an architecture is one card in its
+family's folder, listed by its row; adding a family is a folder beside canvas/, block/ and revise/
+and one row here (docs/architecture.md).
 
-| row    | models                 | runner      | request state    |
-|--------|------------------------|-------------|------------------|
-| revise | DiffusionGemma         | ReviseRunner| RevisingSequence |
-| block  | SDAR, LLaDA2, LLaDA2.1 | BlockRunner | BlockSequence    |
-| canvas | LLaDA, Dream           | Runner      | Sequence         |
+| row    | kind   | cards                  | runner       | request state    |
+|--------|--------|------------------------|--------------|------------------|
+| revise | revise | DiffusionGemma         | ReviseRunner | RevisingSequence |
+| block  | block  | SDAR, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
+| canvas | full   | LLaDA, Dream           | Runner       | CanvasSequence   |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
-from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.config import EngineConfig, read_json
 from celeris.engine.errors import ModelLoadError
+from celeris.engine.families.block import cards as block_cards
 from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.families.block.sequence import BlockSequence
+from celeris.engine.families.canvas import cards as canvas_cards
 from celeris.engine.families.canvas.runner import Runner
+from celeris.engine.families.canvas.sequence import CanvasSequence
+from celeris.engine.families.card import ArchCard
 from celeris.engine.families.family import BLOCK, FULL, REVISE, Family
+from celeris.engine.families.revise import card as revise_card
 from celeris.engine.families.revise.config import generation_eos
 from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.families.revise.sequence import RevisingSequence
-from celeris.engine.families.revise.weights import is_gemma_folder, load_gemma
-from celeris.engine.loop.sequence import Sequence
-from celeris.engine.models.weights import load_model
+from celeris.engine.families.revise.weights import load_gemma
+from celeris.engine.families.sequence import DecodeSequence
+from celeris.engine.models.checkpoint import checkpoint_folder
+from celeris.engine.models.weights import Checkpoint, load_checkpoint
 from celeris.engine.sampling.params import SamplingParams
 
 # (params, family, engine config) -> (the params as the family decodes them, extra Sequence fields)
@@ -43,10 +51,10 @@ Shape = Callable[[SamplingParams, Family, EngineConfig], tuple[SamplingParams, d
 @dataclass(frozen=True)
 class Row:
     kind: str  # the Family.kind it serves: FULL, BLOCK or REVISE
-    claims: Callable[[Path], bool]  # whether a checkpoint folder is this family's
-    loader: Callable[[Path, EngineConfig], Any]  # the folder's model (its `.cfg` names the family)
+    cards: tuple[ArchCard, ...]  # its architectures, in claiming order
+    loader: Callable[[Path, EngineConfig, ArchCard], Any]  # a folder's model of a card (`.cfg` names the card)
     runner: type  # the StepRunner: runner(model, config, family)
-    sequence: type  # the Sequence class of its requests
+    sequence: type  # the DecodeSequence class of its requests
     shape: Shape  # how a request's parameters become its Sequence (see Shape)
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
     documents: bool = True  # serves structured outputs' whole-document path (else the skeleton only)
@@ -54,11 +62,8 @@ class Row:
     # step with selection.select_step); else such a request is refused by name.
     choice_probabilities: bool = True
 
-    def load(self, folder: Path, config: EngineConfig) -> Any:
-        return self.loader(folder, config)
-
     def new_sequence(self, family: Family, config: EngineConfig, request_id: str, prompt: list[int],
-                     params: SamplingParams, **fields: Any) -> Sequence:
+                     params: SamplingParams, **fields: Any) -> DecodeSequence:
         """A validated request's decoding state (seed already filled in)."""
         params, extra = self.shape(params, family, config)
         return self.sequence(request_id, prompt, params, **extra, **fields)
@@ -71,16 +76,18 @@ class Row:
 # ------------------------------------------------------------------ loading
 
 
-def _load_masked(folder: Path, config: EngineConfig) -> Any:
+def _load_masked(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     """A mask model (canvas or block family), on this process or over tensor/expert-parallel workers."""
+    cfg = card.parse(read_json(folder, "config.json", required=True), folder.resolve().name)
+    ckpt = Checkpoint(folder, cfg, card.tensor_name)
     if config.tensor_parallel_size != 1 or config.expert_parallel:
         from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
 
-        return start(folder, config)
-    return load_model(folder, dtype=config.dtype, device=config.device)
+        return start(ckpt, config)
+    return load_checkpoint(ckpt, dtype=config.dtype, device=config.device)
 
 
-def _load_revising(folder: Path, config: EngineConfig) -> Any:
+def _load_revising(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     """A DiffusionGemma folder's text model (what is left out is logged), with the stop ids its
     generation_config.json adds. One process, on the CPU or one CUDA device: no parallel path yet."""
     if config.tensor_parallel_size != 1 or config.expert_parallel:
@@ -91,13 +98,6 @@ def _load_revising(folder: Path, config: EngineConfig) -> Any:
     eos = tuple(dict.fromkeys(model.cfg.eos_token_ids + generation_eos(folder)))
     model.cfg = replace(model.cfg, eos_token_ids=eos)  # the tokenizer's stop ids
     return model
-
-
-def _is_block_folder(folder: Path) -> bool:
-    try:
-        return ModelConfig.from_dir(folder).family == BLOCK
-    except ModelLoadError:
-        return False  # the canvas row's loader says what is wrong with it
 
 
 # ------------------------------------------------------------------ request state
@@ -122,24 +122,90 @@ def _revise_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tu
 # ------------------------------------------------------------------ the rows, in claiming order
 
 ROWS: tuple[Row, ...] = (
-    Row(REVISE, is_gemma_folder, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
+    Row(REVISE, revise_card.CARDS, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
         warmup=(("max_denoising_steps", 1),),  # one denoising step of one canvas
         documents=False,  # not yet: its canvases commit another way
         choice_probabilities=False),  # its canvases are re-sampled whole, not one slot front a step
-    Row(BLOCK, _is_block_folder, _load_masked, BlockRunner, BlockSequence, _block_shape),
-    Row(FULL, lambda folder: True, _load_masked, Runner, Sequence, _canvas_shape),  # the ordinary loader's
+    Row(BLOCK, block_cards.CARDS, _load_masked, BlockRunner, BlockSequence, _block_shape),
+    Row(FULL, canvas_cards.CARDS, _load_masked, Runner, CanvasSequence, _canvas_shape),
 )
-_BY_KIND = {r.kind: r for r in ROWS}
 
 
-def claim(folder: Path) -> Row:
+def known_architectures() -> tuple[str, ...]:
+    """The config.json `architectures` names some card serves, in claiming order."""
+    return tuple(dict.fromkeys(a for row in ROWS for card in row.cards for a in card.architectures))
+
+
+def refuse_unknown_architectures(raw: dict[str, Any]) -> None:
+    """A config naming an architecture no card serves is refused rather than guessed from its keys
+    (a relabelled Qwen2-style config used to be served as Dream)."""
+    archs, known = raw.get("architectures") or [], known_architectures()
+    if not isinstance(archs, list):
+        raise ModelLoadError(f"config.json: 'architectures' must be a list, got {archs!r}")
+    unknown = [a for a in archs if a not in known]
+    if unknown:
+        raise ModelLoadError(f"config.json names architecture {', '.join(map(repr, unknown))}, which celeris does "
+                             f"not serve (supported: {', '.join(known)})")
+
+
+def first_card(raw: dict[str, Any], folder: Optional[Path] = None) -> tuple[Row, ArchCard]:
+    """(row, card) of a raw config.json (and its folder, when there is one): the first card that
+    claims it, once no name in its `architectures` is refused."""
+    refuse_unknown_architectures(raw)
+    for row in ROWS:
+        for card in row.cards:
+            if card.claims(raw, folder):
+                return row, card
+    raise ModelLoadError(f"config.json is of no architecture celeris serves: it names none in 'architectures' "
+                         f"({', '.join(known_architectures())}) and no card claims its keys")
+
+
+def claim_card(folder: str | Path) -> tuple[Row, ArchCard, dict[str, Any]]:
+    """(row, card, raw config.json) of a checkpoint folder."""
+    folder = checkpoint_folder(folder)
+    raw = read_json(folder, "config.json", required=True)
+    return (*first_card(raw, folder), raw)
+
+
+def claim(folder: str | Path) -> Row:
     """The row whose family a checkpoint folder holds."""
-    return next(r for r in ROWS if r.claims(folder))
+    return claim_card(folder)[0]
+
+
+def load(folder: str | Path, config: EngineConfig) -> Any:
+    """A checkpoint folder's model, loaded by the row of the card that claims it."""
+    row, card, _ = claim_card(folder)
+    return row.loader(Path(folder), config, card)
+
+
+def card_named(name: str) -> ArchCard:
+    """The architecture card of that name."""
+    for row in ROWS:
+        for card in row.cards:
+            if card.name == name:
+                return card
+    raise ModelLoadError(f"no architecture card is named {name!r}")
+
+
+def card_of(cfg: Any) -> ArchCard:
+    """A model config's architecture card (by the name its card gave it)."""
+    return card_named(cfg.arch)
 
 
 def row_of(family: Family) -> Row:
     """A loaded model's row."""
-    return _BY_KIND[family.kind]
+    return next(r for r in ROWS if r.kind == family.kind)
 
 
-__all__ = ["ROWS", "Row", "claim", "row_of"]
+def family_of(cfg: Any) -> Family:
+    """The family of a model config (a ModelConfig, or DiffusionGemma's GemmaConfig): its row's kind,
+    its card's rule, defaults and token editing, and the block (or canvas) length it decodes in."""
+    card = card_of(cfg)
+    row = next(r for r in ROWS if card in r.cards)
+    length = getattr(cfg, "canvas_length", 0) if row.kind == REVISE else cfg.block_length if row.kind == BLOCK else 0
+    rule = card.rule(cfg.mask_token_id) if card.rule is not None else None
+    return Family(card.name, row.kind, rule, length, card.edits, card.defaults)
+
+
+__all__ = ["ROWS", "Row", "card_named", "card_of", "claim", "claim_card", "family_of", "first_card", "known_architectures", "load",
+           "refuse_unknown_architectures", "row_of"]

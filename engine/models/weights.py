@@ -4,7 +4,9 @@ Folders are Hugging Face style: `config.json`, `model.safetensors` or a sharded
 `model.safetensors.index.json`, plus `tokenizer.json`. The model is built on the meta device
 and the tensors are memory-mapped from safetensors and assigned directly, so an 8B checkpoint
 never exists twice in memory. Loading is strict (`checkpoint.StrictState`): a missing,
-unexpected or mis-shaped tensor is an error naming the tensor and its file.
+unexpected or mis-shaped tensor is an error naming the tensor and its file. What the folder's
+config means and what its checkpoint calls each tensor is its architecture card's: these take the
+parsed config and the card's naming (engine/families/checkpoint.py reads a folder through its card).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import contextlib
 import functools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -24,55 +27,30 @@ from celeris.engine.errors import ModelLoadError
 from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
 from celeris.engine.models.transformer import MaskPredictor
 
-# Qwen2/Dream, Qwen3/SDAR and LLaDA2 names -> our (LLaDA) names. Applied after the leading
-# "model." is stripped; the first rule that matches wins.
-_QWEN2_RULES = [
-    (r"^embed_tokens\.", "transformer.wte."),
-    (r"^word_embeddings\.", "transformer.wte."),  # LLaDA2
-    (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.", r"transformer.blocks.\1.\2_norm."),  # SDAR
-    (r"^layers\.(\d+)\.attention\.query_layernorm\.", r"transformer.blocks.\1.q_norm."),  # LLaDA2
-    (r"^layers\.(\d+)\.attention\.key_layernorm\.", r"transformer.blocks.\1.k_norm."),
-    (r"^layers\.(\d+)\.attention\.dense\.", r"transformer.blocks.\1.attn_out."),
-    (r"^layers\.(\d+)\.mlp\.gate\.(weight|expert_bias)$", r"transformer.blocks.\1.mlp.gate.\2"),  # the router
-    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.gate_proj\.", r"transformer.blocks.\1.mlp.\2.ff_proj."),
-    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.up_proj\.", r"transformer.blocks.\1.mlp.\2.up_proj."),
-    (r"^layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.down_proj\.", r"transformer.blocks.\1.mlp.\2.ff_out."),
-    (r"^norm\.", "transformer.ln_f."),
-    (r"^lm_head\.", "transformer.ff_out."),
-    (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"transformer.blocks.\1.ff_norm."),
-    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"transformer.blocks.\1.attn_out."),
-    (r"^layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"transformer.blocks.\1.\2_proj."),
-    (r"^layers\.(\d+)\.mlp\.gate_proj\.", r"transformer.blocks.\1.ff_proj."),
-    (r"^layers\.(\d+)\.mlp\.up_proj\.", r"transformer.blocks.\1.up_proj."),
-    (r"^layers\.(\d+)\.mlp\.down_proj\.", r"transformer.blocks.\1.ff_out."),
-]
+TensorName = Callable[[str], Optional[str]]  # a checkpoint tensor's name -> the model's (an ArchCard's)
 
 
-def canonical_name(name: str) -> str:
-    """Map a checkpoint tensor name (LLaDA or Qwen2/Dream) to this model's parameter name."""
-    if name.startswith("model."):
-        name = name[len("model."):]
-    if name.startswith("transformer."):
-        return name
-    for pattern, repl in _QWEN2_RULES:
-        new, n = re.subn(pattern, repl, name)
-        if n:
-            return new
-    m = re.match(r"^layers\.(\d+)\.attention\.query_key_value\.(weight|bias)$", name)
-    if m:  # split by the loader
-        return f"transformer.blocks.{m.group(1)}.attention.query_key_value.{m.group(2)}"
-    return name
+@dataclass(frozen=True)
+class Checkpoint:
+    """A mask model's folder as its architecture card reads it (engine/families/checkpoint.py):
+    picklable, so tensor-parallel workers receive it whole."""
 
+    folder: Path
+    cfg: ModelConfig
+    tensor_name: TensorName  # a checkpoint tensor's name -> the model's (None: left out)
 
 _FUSED_QKV = re.compile(r"^transformer\.blocks\.(\d+)\.attention\.query_key_value\.(weight|bias)$")
 
 
-def checkpoint_parts(ckpt_name: str, f, cfg: ModelConfig) -> list[tuple[str, Optional[tuple[int, int]]]]:
-    """Our names of checkpoint tensor `ckpt_name` (in the open safetensors file `f`) with the rows
-    each takes (None: all of them). LLaDA2's fused `attention.query_key_value` is three tensors,
-    its rows [q heads | k heads | v heads]; every other tensor is one."""
-    name = canonical_name(ckpt_name)
+def checkpoint_parts(ckpt_name: str, f, cfg: ModelConfig,
+                     tensor_name: TensorName) -> list[tuple[str, Optional[tuple[int, int]]]]:
+    """Our names of checkpoint tensor `ckpt_name` (in the open safetensors file `f`), as the
+    architecture's card names it (`tensor_name`), with the rows each takes (None: all of them). A
+    fused `attention.query_key_value` (LLaDA2's) is three tensors, its rows [q heads | k heads | v
+    heads]; every other tensor is one."""
+    name = tensor_name(ckpt_name)
+    if name is None:  # a tensor the architecture leaves out
+        return []
     m = _FUSED_QKV.match(name)
     if m is None:
         return [(name, None)]
@@ -91,7 +69,7 @@ INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", 
 
 @contextlib.contextmanager
 def skip_meta_init() -> Iterator[None]:
-    """Skip torch.nn.init on meta tensors while `load_model` builds its model. The loader builds on
+    """Skip torch.nn.init on meta tensors while `load_checkpoint` builds its model. The loader builds on
     the meta device and assigns the checkpoint's tensors, so the random init never reaches a
     weight; but torch runs it anyway, and the first meta `normal_` imports torch._dynamo (about
     1 s of `celeris run`'s start-up on a small model). Real tensors are initialized as usual.
@@ -120,9 +98,9 @@ def router_bias(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype).to(torch.float32)
 
 
-def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> MaskPredictor:
-    folder = checkpoint_folder(folder)
-    cfg = ModelConfig.from_dir(folder)
+def load_checkpoint(ckpt: Checkpoint, dtype: str | torch.dtype = "float32", device: str = "cpu") -> MaskPredictor:
+    """The mask model of a checkpoint, on this process."""
+    folder, cfg = checkpoint_folder(ckpt.folder), ckpt.cfg
     torch_dtype = resolve_dtype(dtype)
     with torch.device("meta"), skip_meta_init():
         model = MaskPredictor(cfg)
@@ -133,43 +111,18 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     state = StrictState(folder, {name: p.shape for name, p in model.state_dict().items()}, convert)
     for ckpt_name, path, f in tensors(folder):  # memory-mapped
         t = f.get_tensor(ckpt_name)
-        for name, rows in checkpoint_parts(ckpt_name, f, cfg):
+        for name, rows in checkpoint_parts(ckpt_name, f, cfg, ckpt.tensor_name):
             state.put(name, t if rows is None else t[rows[0]:rows[1]], ckpt_name, path)
     model.load_state_dict(state.done(), strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
 
-# Our names -> SDAR's (Qwen3's) published names, for writing celeris-tiny-block.
-_SDAR_NAMES = [
-    (r"^transformer\.wte\.", "model.embed_tokens."),
-    (r"^transformer\.ln_f\.", "model.norm."),
-    (r"^transformer\.ff_out\.", "lm_head."),
-    (r"^transformer\.blocks\.(\d+)\.([qk])_norm\.", r"model.layers.\1.self_attn.\2_norm."),
-    (r"^transformer\.blocks\.(\d+)\.([qkv])_proj\.", r"model.layers.\1.self_attn.\2_proj."),
-    (r"^transformer\.blocks\.(\d+)\.attn_out\.", r"model.layers.\1.self_attn.o_proj."),
-    (r"^transformer\.blocks\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
-    (r"^transformer\.blocks\.(\d+)\.ff_norm\.", r"model.layers.\1.post_attention_layernorm."),
-    (r"^transformer\.blocks\.(\d+)\.ff_proj\.", r"model.layers.\1.mlp.gate_proj."),
-    (r"^transformer\.blocks\.(\d+)\.up_proj\.", r"model.layers.\1.mlp.up_proj."),
-    (r"^transformer\.blocks\.(\d+)\.ff_out\.", r"model.layers.\1.mlp.down_proj."),
-]
-
-
-def _sdar_name(name: str) -> str:
-    for pattern, repl in _SDAR_NAMES:
-        new, n = re.subn(pattern, repl, name)
-        if n:
-            return new
-    raise ModelLoadError(f"no SDAR name for parameter {name}")
-
-
-def save_model(model: MaskPredictor, folder: str | Path, extra_config: dict | None = None) -> None:
-    """Write config.json + model.safetensors: LLaDA naming for full-canvas models (celeris-tiny),
-    SDAR's published naming for SDAR models (celeris-tiny-block)."""
+def write_checkpoint(model: MaskPredictor, folder: str | Path, config: dict[str, Any],
+                     published_name: Callable[[str], str]) -> None:
+    """Write `config` as config.json and the weights as model.safetensors, each tensor under its
+    published name (the card's writer: engine/families/checkpoint.py)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = model.cfg.to_json() | (extra_config or {})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    rename = _sdar_name if model.cfg.arch == "sdar" else (lambda k: f"model.{k}")
-    tensors = {rename(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tensors = {published_name(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

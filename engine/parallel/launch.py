@@ -16,12 +16,12 @@ import pickle
 import threading
 import time
 from multiprocessing.connection import wait
-from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from celeris.engine.config import EngineConfig, ModelConfig
+from celeris.engine.config import EngineConfig
+from celeris.engine.models.weights import Checkpoint
 from celeris.engine.parallel import worker
 from celeris.engine.parallel.group import Plan, backend_for, check_sizes, init_group, leader_store
 from celeris.engine.parallel.mirror import Channel, MirroredModel
@@ -99,10 +99,10 @@ def _join(n: int, backend: str, timeout_s: float, store, procs: list):
     return init_group(0, n, store, backend, timeout_s)
 
 
-def start(folder: Path, config: EngineConfig) -> MirroredModel:
+def start(ckpt: Checkpoint, config: EngineConfig) -> MirroredModel:
     """The leader's model over `config.tensor_parallel_size` ranks; workers spawned here."""
     plan = Plan(config.tensor_parallel_size, config.expert_parallel)
-    check_sizes(ModelConfig.from_dir(folder), plan)
+    check_sizes(ckpt.cfg, plan)
     n, backend = plan.size, backend_for(config.device)
     store = leader_store(n, START_TIMEOUT_S)
     ctx = mp.get_context("spawn")
@@ -110,7 +110,7 @@ def start(folder: Path, config: EngineConfig) -> MirroredModel:
     for rank in range(1, n):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=worker.main, name=f"celeris-tp-rank{rank}", daemon=True,
-                        args=(rank, n, store.port, str(folder), plan, config.dtype, device_of(config.device, rank),
+                        args=(rank, n, store.port, ckpt, plan, config.dtype, device_of(config.device, rank),
                               backend, config.collective_timeout_s, START_TIMEOUT_S, child))
         p.start()
         child.close()
@@ -120,12 +120,12 @@ def start(folder: Path, config: EngineConfig) -> MirroredModel:
     supervisor = Supervisor(procs, conns, channel)
     try:
         group = _join(n, backend, config.collective_timeout_s, store, procs)
-        shard = load_shard(folder, plan, group, config.dtype, device_of(config.device, 0))
+        shard = load_shard(ckpt, plan, group, config.dtype, device_of(config.device, 0))
         _await_ready(procs, conns, START_TIMEOUT_S)
     except BaseException:
         supervisor.close()
         raise
     model = MirroredModel(shard, channel, supervisor.close)
     model.supervisor = supervisor
-    model.total_parameters = checkpoint_parameters(folder)  # the leader holds 1/N of them
+    model.total_parameters = checkpoint_parameters(ckpt.folder)  # the leader holds 1/N of them
     return model

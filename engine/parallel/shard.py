@@ -28,7 +28,7 @@ from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import MoE, SwiGLU
 from celeris.engine.parallel.group import Group, Plan, check_sizes
 from celeris.engine.models.checkpoint import StrictState, checkpoint_folder, resolve_dtype, tensors
-from celeris.engine.models.weights import checkpoint_parts, router_bias, skip_meta_init
+from celeris.engine.models.weights import Checkpoint, checkpoint_parts, router_bias, skip_meta_init
 
 COLUMN, KV, ROW, RANK0, WHOLE = "column", "kv", "row", "rank0", "whole"
 _EXPERT = re.compile(r"^(transformer\.blocks\.\d+\.mlp\.experts\.)(\d+)(\..*)$")
@@ -116,11 +116,10 @@ def _build(cfg: ModelConfig, plan: Plan, rank: int) -> MaskPredictor:
     return model
 
 
-def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.dtype = "float32",
+def load_shard(ckpt: Checkpoint, plan: Plan, group: Group, dtype: str | torch.dtype = "float32",
                device: str = "cpu") -> MaskPredictor:
     """Rank `group.rank`'s slice of the checkpoint in `folder`, wired to `group`'s collectives."""
-    folder = checkpoint_folder(folder)
-    cfg = ModelConfig.from_dir(folder)
+    folder, cfg = checkpoint_folder(ckpt.folder), ckpt.cfg
     check_sizes(cfg, plan)
     rank, n, torch_dtype = group.rank, plan.size, resolve_dtype(dtype)
     model = _build(cfg, plan, rank)
@@ -133,7 +132,7 @@ def load_shard(folder: str | Path, plan: Plan, group: Group, dtype: str | torch.
 
     state = StrictState(folder, {name: p.shape for name, p in model.state_dict().items()}, convert)
     for ckpt_name, path, f in tensors(folder):
-        for name, rows in checkpoint_parts(ckpt_name, f, cfg):
+        for name, rows in checkpoint_parts(ckpt_name, f, cfg, ckpt.tensor_name):
             local = _local_expert(name, cfg, plan, rank)
             if local is None:  # an expert another rank holds
                 continue

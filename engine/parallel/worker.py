@@ -18,6 +18,7 @@ from celeris.engine.models.cache import BlockCache, BlockKVStore, CanvasCache, K
 from celeris.engine.models.transformer import KVCache
 from celeris.engine.parallel.group import Plan, init_group, worker_store
 from celeris.engine.parallel.mirror import to_device
+from celeris.engine.models.weights import Checkpoint
 from celeris.engine.parallel.shard import load_shard
 from celeris.engine.threads import freeze_startup_heap
 
@@ -62,7 +63,7 @@ def follow(conn, model, device) -> None:
             conn.send_bytes(pickle.dumps("pong"))
 
 
-def main(rank: int, size: int, port: int, folder: str, plan: Plan, dtype: str, device: str, backend: str,
+def main(rank: int, size: int, port: int, ckpt: Checkpoint, plan: Plan, dtype: str, device: str, backend: str,
          timeout_s: float, start_timeout_s: float, conn) -> None:
     """A worker process's entry point (spawned by engine/parallel/launch.py)."""
     if device == "cpu":
@@ -73,7 +74,7 @@ def main(rank: int, size: int, port: int, folder: str, plan: Plan, dtype: str, d
         store = worker_store(port, size, start_timeout_s)
         store.set(f"joining/{rank}", "1")  # the leader waits for every rank's key, watching it live
         group = init_group(rank, size, store, backend, timeout_s)
-        model = load_shard(folder, plan, group, dtype, device)
+        model = load_shard(ckpt, plan, group, dtype, device)
         freeze_startup_heap()  # a full collection here would stall every collective of the group
         conn.send_bytes(pickle.dumps("ready"))
         with torch.inference_mode():

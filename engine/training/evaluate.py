@@ -53,7 +53,7 @@ BLOCK_DECODERS: dict[str, dict] = {
 
 def skill_params(llm, **kw) -> SamplingParams:
     g = data.SKILL_GEN_LENGTH
-    if llm.model.cfg.family == "block":
+    if llm.family.block:
         return fit_lengths(llm.defaults, {"gen_length": g, "seed": 0} | kw)
     return SamplingParams(**({"gen_length": g, "block_length": g, "steps": g, "seed": 0} | kw))
 
@@ -91,7 +91,7 @@ def heldout_loss(llm, paragraphs: list[str], seq_len: int = 128, windows: int = 
     x = torch.tensor(stream[: (len(stream) // seq_len) * seq_len]).view(-1, seq_len)[:windows]
     real = torch.ones_like(x, dtype=torch.bool)
     gen = torch.Generator().manual_seed(seed)
-    loss = model_loss(llm.model, x, real, real, tok.mask_id, gen)
+    loss = model_loss(llm.model, llm.family, x, real, real, tok.mask_id, gen)
     return loss.item(), loss.item() / chars_per_token
 
 
@@ -150,8 +150,7 @@ def evaluate(llm, cache_dir: Path, decoders: Optional[dict[str, dict]] = None, l
     novels = load_austen(cache_dir)
     _, held = data.split_paragraphs(novels)
     pairs = skill.heldout_pairs()[:limit]
-    block = llm.model.cfg.family == "block"
-    table = decoders or (BLOCK_DECODERS if block else SKILL_DECODERS)
+    table = decoders or (BLOCK_DECODERS if llm.family.block else SKILL_DECODERS)
     scores = [skill_accuracy(llm, name, skill_params(llm, **kw), pairs) for name, kw in table.items()]
     per_token, per_char = heldout_loss(llm, held)
     return {"heldout_nelbo_per_token": per_token, "heldout_nelbo_per_char": per_char, "skill_problems": len(pairs),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from celeris.engine.families.family import Family
 from celeris.engine.models.attention import rope_tables
 from celeris.engine.models.transformer import MaskPredictor
 
@@ -96,10 +97,10 @@ def block_loss(model: MaskPredictor, x: torch.Tensor, real: torch.Tensor, maskab
     return _weighted_ce(logits[:, :L], x, masked, p_mask, maskable)
 
 
-def model_loss(model: MaskPredictor, x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor,
+def model_loss(model: MaskPredictor, family: Family, x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor,
                mask_id: int, gen: torch.Generator) -> torch.Tensor:
-    """The model's own objective: SDAR's block loss (in its trained block size) for block
-    models, LLaDA's full-canvas loss otherwise."""
-    if model.cfg.family == "block":
-        return block_loss(model, x, real, maskable, mask_id, model.cfg.block_length, gen)
+    """The model's own objective, as its family decodes: SDAR's block loss (in its trained block
+    size) for a block family, LLaDA's full-canvas loss otherwise."""
+    if family.block:
+        return block_loss(model, x, real, maskable, mask_id, family.block_length, gen)
     return full_loss(model, x, real, maskable, mask_id, gen)

@@ -30,16 +30,20 @@ from typing import Optional
 import torch
 
 from celeris.engine.config import ModelConfig
+from celeris.engine.families import registry
+from celeris.engine.families.checkpoint import save_model
 from celeris.engine.models.transformer import MaskPredictor, count_parameters
 from celeris.engine.training import data, skill, tasks
 from celeris.engine.training.corpus import corpus_source, load_austen, total_chars
 from celeris.engine.training.objective import model_loss
-from celeris.engine.models.weights import save_model
 
 # (d_model, heads, layers, mlp) of the sizes tried; "base" is what ships (see the model card).
 SIZES = {"small": (64, 2, 2, 128), "base": (128, 4, 4, 384), "wide": (192, 6, 4, 512), "deep": (128, 4, 8, 384)}
 BLOCK = 4  # celeris-tiny-block's trained block size (SDAR's published models use 4)
 NAMES = {"llada": "celeris-tiny", "sdar": "celeris-tiny-block"}
+# Config fields each trained architecture sets beyond its card's traits (SDAR's are the Qwen3
+# layout's q/k norms): celeris-tiny-block is trained and served in blocks of BLOCK.
+RECIPES: dict[str, dict] = {"llada": {}, "sdar": {"rms_norm_eps": 1e-6, "block_length": BLOCK}}
 # Default step counts: the shipped runs (2 threads: celeris-tiny 45.9 + 8.0 min, celeris-tiny-block
 # 47.3 min). A block model reads every token twice (noisy and clean), so it gets half the steps.
 STEPS = {"llada": 15000, "sdar": 7500}
@@ -57,9 +61,7 @@ def model_config(vocab_size: int, size: str = "base", arch: str = "llada") -> Mo
     common = dict(d_model=d, n_heads=heads, n_kv_heads=heads, n_layers=layers, mlp_hidden_size=mlp,
                   vocab_size=vocab_size, embedding_size=vocab_size, mask_token_id=data.MASK_ID,
                   eos_token_id=data.EOS_ID, rope_theta=10000.0, max_sequence_length=1024, name=NAMES[arch])
-    if arch == "sdar":  # the Qwen3 layout: q/k norms; trained and served in blocks of BLOCK
-        return ModelConfig(arch="sdar", qk_norm=True, rms_norm_eps=1e-6, block_length=BLOCK, **common)
-    return ModelConfig(arch="llada", **common)
+    return registry.card_named(arch).config(**common, **RECIPES[arch])
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 200) -> float:
@@ -119,8 +121,10 @@ def _phase(name: str, batches: data.Batches, gen: torch.Generator, steps: int, l
     Returns the phase's wall minutes."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
+    family = registry.family_of(model.cfg)
+
     def loss_fn(x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
-        return model_loss(model, x, real, maskable, data.MASK_ID, gen)
+        return model_loss(model, family, x, real, maskable, data.MASK_ID, gen)
 
     t0 = time.time()
     log_text: list[float] = []
@@ -159,7 +163,7 @@ def _save(model: MaskPredictor, tok, out: Path) -> None:
     # Serving defaults: max_tokens 64, one token per step, in blocks (semi-autoregressive), so a
     # short answer is decided in the first block whatever the canvas length; a small frequency
     # penalty, without which greedy prose of a model this size loops (measured in the model card).
-    block = BLOCK if model.cfg.family == "block" else 8
+    block = registry.family_of(model.cfg).block_length or 8  # a canvas model's: blocks of 8
     defaults = {"gen_length": 64, "steps": 64, "block_length": block, "frequency_penalty": FREQUENCY_PENALTY}
     (out / "generation_config.json").write_text(json.dumps(defaults, indent=2) + "\n")
 

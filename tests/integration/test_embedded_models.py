@@ -21,7 +21,7 @@ def embedded(request):
 def test_loads_by_name_with_its_own_family(embedded):
     name, llm, _ = embedded
     assert llm.name == name
-    assert llm.model_config.family == ("block" if name.endswith("-block") else "full")
+    assert llm.family.kind == ("block" if name.endswith("-block") else "full")
 
 
 def test_grpc_stream_rebuilds_to_the_final_text(embedded):

@@ -37,7 +37,7 @@ from celeris.engine.families.block.sequence import PREFILL, BlockSequence
 from celeris.engine.models.cache import BlockCache, BlockKVStore
 from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
 from celeris.engine.config import EngineConfig
-from celeris.engine.families.family import Family, family_of
+from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import ROW_ALIGN, MoE
@@ -48,9 +48,9 @@ from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 
 
 class BlockRunner(ConfigCosts):
-    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
+    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Family):
         self.model, self.config = model, config
-        self.family = family or family_of(model.cfg)
+        self.family = family
         self.device = next(model.parameters()).device
         self.mask_id = model.cfg.mask_token_id
         self.slots = config.max_batch

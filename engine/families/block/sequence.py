@@ -36,15 +36,16 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from celeris.engine.families.sequence import DecodeSequence
+from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.sampling.schedule import transfer_schedule
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"
 EDIT_STEP_FACTOR = 4  # edits stop after this many times a block's planned steps (module doc)
 
 
 @dataclass
-class BlockSequence(Sequence):
+class BlockSequence(DecodeSequence):
     prefill_chunk: int = 256  # most prompt tokens one prefill step takes (rounded to whole blocks)
     edits: bool = False  # the family's LLaDA2.1 loop (see the module doc)
     cache_salt: str = ""  # the prefix cache's tenant (engine/models/prefix_cache.py)

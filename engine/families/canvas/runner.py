@@ -25,14 +25,14 @@ import torch
 
 from celeris.engine.models.cache import CanvasCache, KVCacheStore
 from celeris.engine.config import EngineConfig
-from celeris.engine.families.family import Family, family_of
+from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.families.selection import SelectionInput, select_step, structure_row
 from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, read_queued
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
-from celeris.engine.loop.sequence import Sequence
+from celeris.engine.families.canvas.sequence import CanvasSequence
 
 # Rows of the packed geometry input.
 IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY = range(6)
@@ -69,10 +69,10 @@ class View(NamedTuple):
 
 
 class Runner(ConfigCosts):
-    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Optional[Family] = None):
+    def __init__(self, model: MaskPredictor, config: EngineConfig, family: Family):
         self.model = model
         self.config = config
-        self.family = family or family_of(model.cfg)
+        self.family = family
         self.device = next(model.parameters()).device
         self.mask_id = model.cfg.mask_token_id
         self.max_len = config.bucket_length(config.max_prompt_tokens + config.max_gen_length)
@@ -88,7 +88,7 @@ class Runner(ConfigCosts):
         self.static = False  # run the graphs' bucket shapes eagerly (CPU tests of the graph path)
         self._spread: dict[str, torch.Tensor] = {}  # per mode: `_spread_buffer`
 
-    def cache_mode(self, seq: Sequence) -> str:
+    def cache_mode(self, seq: CanvasSequence) -> str:
         """The request's KV cache mode: its own choice, else the engine's default."""
         return seq.params.kv_cache or self.config.kv_cache
 
@@ -98,7 +98,7 @@ class Runner(ConfigCosts):
                 self.kv = self.model.kv_store(KVCacheStore, self.slots + 1, self.max_len)
         return self.kv
 
-    def row_tokens(self, s: Sequence) -> int:
+    def row_tokens(self, s: CanvasSequence) -> int:
         """Columns this row's next forward computes (twice with CFG): the scheduler's cost estimate."""
         mode, _ = self._plan(s)
         if mode.startswith("cached-prefix"):
@@ -107,12 +107,12 @@ class Runner(ConfigCosts):
             return s.params.block_length + 1
         return s.length * (2 if mode == "cfg" else 1)
 
-    def forward_kind(self, s: Sequence) -> str:
+    def forward_kind(self, s: CanvasSequence) -> str:
         """The forward this row's next step joins (`step` runs one per kind): the scheduler
         groups rows by length within a kind only."""
         return self._plan(s)[0]
 
-    def load(self, seq: Sequence) -> None:
+    def load(self, seq: CanvasSequence) -> None:
         """Write a request's prompt + canvas into its slot (right-aligned): masks (and a structured
         output's skeleton) when new, where it stood when it was preempted (engine/loop/fair_share.py)."""
         row = torch.full((self.max_len,), self.mask_id, dtype=torch.long)
@@ -120,14 +120,14 @@ class Runner(ConfigCosts):
         row[self.max_len - seq.params.gen_length:] = torch.tensor(seq.canvas)
         self.canvas[seq.slot].copy_(row.to(self.device))
 
-    def resumable(self, seq: Sequence) -> bool:
+    def resumable(self, seq: CanvasSequence) -> bool:
         """Whether `load` into any slot continues `seq` exactly: its canvas is all the state a
         full forward reads, and a KV cache is rewritten at each block's first step ("store")."""
         return self._plan(seq)[0] in ("full", "cfg", "store")
 
     # ------------------------------------------------------------------ host side
 
-    def _plan(self, s: Sequence) -> tuple[str, bool]:
+    def _plan(self, s: CanvasSequence) -> tuple[str, bool]:
         """(mode, first_only) of a row this step.
 
         Modes: full forward (`full`, `cfg`), a cache block's first step (`store`) or a cached step
@@ -148,7 +148,7 @@ class Runner(ConfigCosts):
         lead = self.model.cfg.logit_shift and not dream_loop
         return f"cached-{cache}" + ("-lead" if lead else ""), False
 
-    def _bucket(self, seqs: Seq[Sequence], mode: str) -> tuple[Bucket, bool]:
+    def _bucket(self, seqs: Seq[CanvasSequence], mode: str) -> tuple[Bucket, bool]:
         """(shape, graphed): graphs run a bucket's shape where the policy allows (few shapes to
         capture); eager runs take the exact shape."""
         n, longest = len(seqs), max(s.length for s in seqs)
@@ -175,7 +175,7 @@ class Runner(ConfigCosts):
                 fresh = _row_aligned(max(fresh, W + mode.endswith("-lead"))) if fresh else 0
         return Bucket(B, L, W, padded=B > n or any(s.length < L for s in seqs), fresh=fresh), graph
 
-    def _pack(self, seqs: Seq[Sequence], mode: str, first_only: Seq[bool]):
+    def _pack(self, seqs: Seq[CanvasSequence], mode: str, first_only: Seq[bool]):
         """(bucket, geometry (6, B) on the device, sampling record, spans) of one forward's rows."""
         b, graph = self._bucket(seqs, mode)
         geo = [[s.slot, s.length, s.params.gen_length, s.block_start, s.params.block_length, int(first)]
@@ -201,7 +201,7 @@ class Runner(ConfigCosts):
         return self.device.type != "cpu"
 
     @torch.no_grad()
-    def step(self, seqs: Seq[Sequence], during: Optional[Callable[[], None]] = None
+    def step(self, seqs: Seq[CanvasSequence], during: Optional[Callable[[], None]] = None
              ) -> tuple[list[RowResult], StepStats]:
         """One denoising step for every sequence; cache refreshes and CFG rows form own groups."""
         t0 = time.perf_counter()
@@ -296,7 +296,7 @@ class Runner(ConfigCosts):
         return torch.sort((~live).to(torch.uint8), dim=1, stable=True).indices[:, :K]
 
     def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
-                spans: list[tuple[int, int]], group: Seq[Sequence] = ()) -> Callable[[], list[RowResult]]:
+                spans: list[tuple[int, int]], group: Seq[CanvasSequence] = ()) -> Callable[[], list[RowResult]]:
         """Select over the window and write the picks back by position; the call that reads the
         rows' results (the host's wait for the device)."""
         B, L, W = b.B, b.L, b.W

@@ -17,12 +17,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.families.sequence import DecodeSequence
+from celeris.engine.loop.sequence import FinishReason, StepEvent
 from celeris.engine.tokenizer import stop_cut
 
 
 @dataclass
-class RevisingSequence(Sequence):
+class RevisingSequence(DecodeSequence):
     final_length: int = 0  # output positions that can no longer change (committed canvases)
     revising: ClassVar[bool] = True
 

@@ -267,7 +267,7 @@ def write_llada2_checkpoint(folder: Path, seed: int = 0, dtype: torch.dtype = to
     return Path(folder)
 
 
-# What marks a LLaDA2.1 folder (engine.config.edits_tokens): its config.json is LLaDA2.0's; the
+# What marks a LLaDA2.1 folder (engine/families/block/cards.py: edits_tokens): its config.json is LLaDA2.0's; the
 # remote-code modeling file it ships has a generate() that takes editing_threshold. This stub
 # stands for that file (a signature only: celeris reads, never runs, a folder's Python).
 LLADA21_MODELING_STUB = '''"""Stand-in for LLaDA2.1's modeling_llada2_moe.py (its generate() signature only)."""

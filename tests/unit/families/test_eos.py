@@ -6,14 +6,15 @@ import torch
 
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.reference import reference_generate
-from celeris.engine.loop.sequence import FinishReason, Sequence
+from celeris.engine.families.canvas.sequence import CanvasSequence
+from celeris.engine.loop.sequence import FinishReason
 
 MASK, EOS = 3, 2
 
 
 def seq(**kw):
     params = SamplingParams(**({"gen_length": 8, "steps": 4, "block_length": 4, "seed": 0} | kw))
-    return Sequence("r", [1, 10, 11], params, mask_id=MASK, stop_ids=frozenset({EOS}))
+    return CanvasSequence("r", [1, 10, 11], params, mask_id=MASK, stop_ids=frozenset({EOS}))
 
 
 def test_eos_in_finished_block_stops_and_fills_canvas():

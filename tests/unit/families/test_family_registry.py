@@ -12,13 +12,14 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.families.block.runner import BlockRunner
 from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.families.canvas.runner import Runner
-from celeris.engine.families.family import BLOCK, FULL, REVISE, REVISE_KNOBS, family_of
-from celeris.engine.families.registry import ROWS, claim, row_of
+from celeris.engine.families.canvas.sequence import CanvasSequence
+from celeris.engine.errors import ModelLoadError
+from celeris.engine.families.family import BLOCK, FULL, REVISE, REVISE_KNOBS
+from celeris.engine.families.registry import ROWS, claim, family_of, row_of
 from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.families.revise.sampler import ReviseParams
 from celeris.engine.families.revise.sequence import RevisingSequence
 from celeris.engine.llm import EMBEDDED_MODELS, LLM, model_defaults
-from celeris.engine.loop.sequence import Sequence
 from celeris.engine.sampling.knobs import KNOBS, configured
 from celeris.engine.sampling.params import MASK, SamplingParams
 
@@ -30,7 +31,7 @@ def _gemma_family():
 def test_every_kind_has_one_row():
     assert sorted(r.kind for r in ROWS) == sorted((FULL, BLOCK, REVISE))
     assert {r.kind: (r.runner, r.sequence) for r in ROWS} == {
-        FULL: (Runner, Sequence), BLOCK: (BlockRunner, BlockSequence), REVISE: (ReviseRunner, RevisingSequence)}
+        FULL: (Runner, CanvasSequence), BLOCK: (BlockRunner, BlockSequence), REVISE: (ReviseRunner, RevisingSequence)}
 
 
 def test_rows_claim_their_folders(tmp_path):
@@ -38,14 +39,15 @@ def test_rows_claim_their_folders(tmp_path):
     assert claim(EMBEDDED_MODELS["celeris-tiny-block"]).kind == BLOCK
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DiffusionGemmaForBlockDiffusion"]}))
     assert claim(tmp_path).kind == REVISE
-    assert claim(tmp_path / "missing").kind == FULL  # the ordinary loader says what is wrong
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        claim(tmp_path / "missing")
 
 
 def test_the_llm_asks_its_row(tiny_llm):
     assert tiny_llm.row is row_of(tiny_llm.family) and tiny_llm.row.kind == FULL
     assert isinstance(tiny_llm.runner, Runner)
     seq = tiny_llm.sequence([5, 6], SamplingParams(gen_length=8, steps=8, block_length=8, seed=0))
-    assert type(seq) is Sequence and seq.params.kv_cache == tiny_llm.config.kv_cache
+    assert type(seq) is CanvasSequence and seq.params.kv_cache == tiny_llm.config.kv_cache
     assert tiny_llm.warmup_params == SamplingParams(gen_length=1, steps=1, block_length=1, seed=0)
 
 

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from celeris.engine.config import ModelConfig
+from celeris.engine.families.checkpoint import read_config
+from celeris.engine.families.registry import family_of
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_references.checkpoints import (EOS_ID, MASK_ID, cut, write_llada2_checkpoint,
@@ -125,14 +126,14 @@ def test_events_name_the_revised_positions(llm):
 
 
 def test_the_folder_is_recognised_and_defaults_to_the_published_generate(folder, llm, tmp_path):
-    assert ModelConfig.from_dir(folder).token_editing and llm.family.edits
+    assert family_of(read_config(folder)).edits and llm.family.edits
     d = llm.defaults
     assert (d.threshold, d.editing_threshold, d.max_post_steps) == (0.95, 0.9, 16)
     plain = write_llada2_checkpoint(tmp_path / "llada20", seed=3)
-    assert not ModelConfig.from_dir(plain).token_editing
+    assert not family_of(read_config(plain)).edits
     gen = json.loads((plain / "generation_config.json").read_text())
     (plain / "generation_config.json").write_text(json.dumps(gen | {"editing_threshold": 0.5}))
-    assert ModelConfig.from_dir(plain).token_editing  # a generation_config.json with editing knobs
+    assert family_of(read_config(plain)).edits  # a generation_config.json with editing knobs
 
 
 def test_llada20_keeps_its_loop_and_refuses_editing(tmp_path):

@@ -204,7 +204,7 @@ def test_cuda_is_accepted_and_an_absent_device_refused_by_name(folder, monkeypat
 
 
 def test_mask_families_refuse_the_revise_knobs():
-    from celeris.engine.families.family import family_of
+    from celeris.engine.families.registry import family_of
     from celeris.engine.sampling.params import SamplingParams
     from tests.helpers import tiny_config
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from celeris.engine.families.family import family_of
+from celeris.engine.families.registry import family_of
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens, simulate
 from celeris.engine.loop.sequence import FinishReason
@@ -51,7 +51,7 @@ def test_step_sleeps_the_step_time(sim_llm):
 
 def test_block_models_are_refused(tiny_llm):
     fake = dataclasses.replace(tiny_llm.model_config, arch="sdar", block_length=4)
-    assert fake.family == "block"
+    assert family_of(fake).block
 
     class Stub:
         family = family_of(fake)

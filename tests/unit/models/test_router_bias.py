@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from celeris.engine.models.weights import load_model
+from celeris.engine.families.checkpoint import load_model
 from tests.unit.block_references.checkpoints import write_llada2_checkpoint
 
 

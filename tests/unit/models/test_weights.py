@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 from celeris.engine.config import read_json
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.models.weights import load_model, save_model
+from celeris.engine.families.checkpoint import load_model, open_checkpoint, save_model
+from celeris.engine.families.registry import card_of
 from celeris.engine.parallel.group import Group, Plan
 from celeris.engine.parallel.shard import checkpoint_parameters, load_shard
 from tests.helpers import random_model, tiny_config
@@ -140,7 +141,7 @@ def test_the_whole_and_the_sharded_loader_read_one_way(tmp_path, edit, message):
     """load_model and a tensor-parallel rank's load_shard share the strict reader
     (models/checkpoint.py): the same checkpoint fault is the same error."""
     _corrupt(tmp_path, edit)
-    for load in (load_model, lambda folder: load_shard(folder, Plan(2), Group(0, 2))):
+    for load in (load_model, lambda folder: load_shard(open_checkpoint(folder), Plan(2), Group(0, 2))):
         with pytest.raises(ModelLoadError, match=message):
             load(tmp_path)
 
@@ -148,7 +149,7 @@ def test_the_whole_and_the_sharded_loader_read_one_way(tmp_path, edit, message):
 def test_a_rank_loads_its_slice_and_the_headers_count_the_whole_model(tmp_path):
     model = random_model(tiny_config(), seed=0)
     save_model(model, tmp_path)
-    rank1 = load_shard(tmp_path, Plan(2), Group(1, 2))
+    rank1 = load_shard(open_checkpoint(tmp_path), Plan(2), Group(1, 2))
     assert torch.equal(rank1.state_dict()["transformer.blocks.0.q_proj.weight"],
                        model.state_dict()["transformer.blocks.0.q_proj.weight"][32:])
     assert checkpoint_parameters(tmp_path) == sum(p.numel() for p in model.parameters())
@@ -175,7 +176,7 @@ def test_missing_folder_config_and_weights(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_model(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(random_model(tiny_config()).cfg.to_json()))
+    (tmp_path / "config.json").write_text(json.dumps(card_of(tiny_config()).writes(tiny_config())))
     with pytest.raises(ModelLoadError, match="no model.safetensors"):
         load_model(tmp_path)
 

@@ -15,7 +15,7 @@ import pytest
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
-from celeris.engine.config import ModelConfig
+from celeris.engine.families.checkpoint import read_config
 from celeris.engine.structured.constraint import Compiler, Constraint, StructureError, Structured
 from celeris.engine.tokenizer import Tokenizer
 from celeris.engine.structured.regexes import int_range, max_width, RegexError
@@ -114,7 +114,7 @@ def test_regex_width_is_bounded_before_compiling():
 @pytest.fixture(scope="module")
 def compiler():
     folder = EMBEDDED_MODELS["celeris-tiny"]
-    cfg = ModelConfig.from_json(json.loads((folder / "config.json").read_text()))
+    cfg = read_config(folder)
     tok = Tokenizer.from_dir(folder, cfg)
     return Compiler(tok, cfg.vocab_size), tok
 
