@@ -3,7 +3,7 @@
 Requests wait in a bounded queue, join the running batch when a slot frees, and leave it
 between steps. Each step runs one forward for one group of like-length running requests
 (engine/loop/batching.py), so a short request never pays for a long one's padding: `step()` is
-schedule (`next_batch`), execute (`runner.step`), update (`Sequence.apply`, retire).
+schedule (`next_batch`), execute (`runner.step`), update (`DecodeSequence.apply`, retire).
 `scheduler.Scheduler` serves one `StepLoop` to asyncio.
 """
 

@@ -62,7 +62,7 @@ class Constraint:
         """The window columns of output positions [0, H) when this step is the one the options are
         scored at: asked for, not scored yet, the slot's front still at its first position (every
         slot position masked: the forward that commits its first token), and all H positions in
-        this window. Else None. Marks them scored: called once per step, by `runner_api.select_step`."""
+        this window. Else None. Marks them scored: called once per step, by `selection.select_step`."""
         if not self.score_choices or self._scored or self.layout.slots[0].start not in self._by_front:
             return None
         col_of = {p: j for j, p in enumerate(cols) if p >= 0}
