@@ -112,10 +112,9 @@ def test_no_import_uses_a_folder_name():
 ENGINE = ROOT / "engine"
 FAMILIES = ("canvas", "block", "revise")
 # What tokens are selected by: the loop only loops and never imports these. It may read sampling's
-# records of a request (`sampling.params`: a Sequence carries its SamplingParams) and, until the
-# canvas family's decoding state leaves loop/sequence.py (issue 59, item 1), `sampling.schedule`.
+# records of a request (`sampling.params`: a Sequence carries its SamplingParams).
 SAMPLING_RULES = tuple(f"sampling.{m}" for m in ("select", "screen", "filters", "noise", "choice", "reference",
-                                                  "batch", "knobs"))
+                                                  "batch", "knobs", "schedule"))
 # room -> rooms (or modules) it must never import (every import, inside functions and by string too)
 WALLS = {
     "loop": ("families", "models", "structured", *SAMPLING_RULES),
