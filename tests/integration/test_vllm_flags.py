@@ -105,7 +105,8 @@ def test_tls_on_both_doors(tiny_llm, tmp_path):
 
 
 def _get(url: str, method: str = "GET") -> tuple[int, dict]:
-    req = urllib.request.Request(url, method=method)
+    headers = {"Content-Type": "application/json"} if method == "POST" else {}  # every POST says JSON
+    req = urllib.request.Request(url, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, json.loads(r.read())
 
