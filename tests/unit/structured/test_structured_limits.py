@@ -147,7 +147,8 @@ def _large_schema(n: int = 0) -> dict:
 
 def test_large_schemas_compile_on_their_own_lane_a_few_waiting_at_most(llm, monkeypatch):
     """A schema over LARGE_SCHEMA_CHARS compiles on a lane of its own: while large ones are stuck
-    compiling, a small schema still builds; past LARGE_SCHEMAS_WAITING more are refused as
+    compiling, another client's small schema still builds (the stuck client's own further builds
+    wait at its gate, engine/structured/lanes.py); past LARGE_SCHEMAS_WAITING more are refused as
     overload (retry later), not queued without bound."""
     assert Structured("json_schema", _large_schema()).large and not Structured("regex", "[a-z]").large
     release = threading.Event()
@@ -168,7 +169,8 @@ def test_large_schemas_compile_on_their_own_lane_a_few_waiting_at_most(llm, monk
         with pytest.raises(Overloaded, match="one at a time"):
             await llm.build_async(Request(prompt="x", params=_params(llm), structured=big[-1]))
         small = await asyncio.wait_for(llm.build_async(Request(prompt="x", params=_params(llm),
-                                                               structured=Structured("regex", "[a-z]{1,4}"))), 30)
+                                                               structured=Structured("regex", "[a-z]{1,4}")),
+                                                       client="another client"), 30)
         waiting = not any(t.done() for t in stuck)
         release.set()
         results = await asyncio.gather(*stuck, return_exceptions=True)
