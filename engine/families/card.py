@@ -70,6 +70,22 @@ def rename(rules: Rules, name: str) -> str:
     return name
 
 
+# Qwen2's tensor names -> the model's (LLaDA's), after the leading `model.` is dropped
+# (Dream's names; SDAR's are these and the q/k norms: both families' cards use it).
+QWEN2_NAMES = (
+    (r"^embed_tokens\.", "transformer.wte."),
+    (r"^norm\.", "transformer.ln_f."),
+    (r"^lm_head\.", "transformer.ff_out."),
+    (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"transformer.blocks.\1.ff_norm."),
+    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"transformer.blocks.\1.attn_out."),
+    (r"^layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"transformer.blocks.\1.\2_proj."),
+    (r"^layers\.(\d+)\.mlp\.gate_proj\.", r"transformer.blocks.\1.ff_proj."),
+    (r"^layers\.(\d+)\.mlp\.up_proj\.", r"transformer.blocks.\1.up_proj."),
+    (r"^layers\.(\d+)\.mlp\.down_proj\.", r"transformer.blocks.\1.ff_out."),
+)
+
+
 def renamer(rules: Rules) -> Callable[[str], str]:
     """`rename` over fixed rules, as a picklable call (tensor-parallel workers receive it)."""
     return functools.partial(rename, rules)

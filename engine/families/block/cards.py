@@ -17,7 +17,7 @@ import torch
 
 from celeris.engine.config import ModelConfig, read_json
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.families.card import ArchCard, first_id, names_any, published, refuse_unsupported, renamer
+from celeris.engine.families.card import QWEN2_NAMES, ArchCard, first_id, names_any, published, refuse_unsupported, renamer
 from celeris.engine.sampling.batch import SelectionRule
 
 SUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -26,18 +26,10 @@ SUPPORTED: dict[str, tuple[Any, ...]] = {
     "use_sliding_window": (False, None),
 }
 # Published tensor names -> the model's (LLaDA's), after the leading `model.` is dropped.
-QWEN3_NAMES = (
-    (r"^embed_tokens\.", "transformer.wte."),
+QWEN3_NAMES = (  # Qwen2's and the q/k norms
+    QWEN2_NAMES[0],
     (r"^layers\.(\d+)\.self_attn\.([qk])_norm\.", r"transformer.blocks.\1.\2_norm."),
-    (r"^norm\.", "transformer.ln_f."),
-    (r"^lm_head\.", "transformer.ff_out."),
-    (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"transformer.blocks.\1.ff_norm."),
-    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"transformer.blocks.\1.attn_out."),
-    (r"^layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"transformer.blocks.\1.\2_proj."),
-    (r"^layers\.(\d+)\.mlp\.gate_proj\.", r"transformer.blocks.\1.ff_proj."),
-    (r"^layers\.(\d+)\.mlp\.up_proj\.", r"transformer.blocks.\1.up_proj."),
-    (r"^layers\.(\d+)\.mlp\.down_proj\.", r"transformer.blocks.\1.ff_out."),
+    *QWEN2_NAMES[1:],
 )
 LLADA2_NAMES = (
     (r"^word_embeddings\.", "transformer.wte."),

@@ -16,7 +16,7 @@ import torch
 
 from celeris.engine.config import ModelConfig
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.families.card import ArchCard, refuse_unsupported, renamer
+from celeris.engine.families.card import QWEN2_NAMES, ArchCard, refuse_unsupported, renamer
 from celeris.engine.sampling.batch import SelectionRule
 
 # Config keys that change the forward, with the values this model computes correctly; keys that
@@ -46,19 +46,6 @@ LLADA_KEYS = ("arch", "d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidde
               "embedding_size", "rope_theta", "rms_norm_eps", "mask_token_id", "eos_token_id", "weight_tying",
               "qkv_bias", "input_emb_norm", "scale_logits", "max_sequence_length", "name")
 
-# Qwen2's tensor names -> the model's (LLaDA's), after the leading `model.` is dropped.
-QWEN2_NAMES = (
-    (r"^embed_tokens\.", "transformer.wte."),
-    (r"^norm\.", "transformer.ln_f."),
-    (r"^lm_head\.", "transformer.ff_out."),
-    (r"^layers\.(\d+)\.input_layernorm\.", r"transformer.blocks.\1.attn_norm."),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"transformer.blocks.\1.ff_norm."),
-    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"transformer.blocks.\1.attn_out."),
-    (r"^layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"transformer.blocks.\1.\2_proj."),
-    (r"^layers\.(\d+)\.mlp\.gate_proj\.", r"transformer.blocks.\1.ff_proj."),
-    (r"^layers\.(\d+)\.mlp\.up_proj\.", r"transformer.blocks.\1.up_proj."),
-    (r"^layers\.(\d+)\.mlp\.down_proj\.", r"transformer.blocks.\1.ff_out."),
-)
 
 
 def _llada_naming(raw: dict[str, Any], mask_id: int = 126336, eos_id: int = 126081) -> dict[str, Any]:
