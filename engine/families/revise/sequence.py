@@ -29,7 +29,6 @@ class RevisingSequence(DecodeSequence):
 
     def __post_init__(self) -> None:
         self.canvas = [self.mask_id] * self.params.gen_length
-        self._schedule = [self.params.block_length]
         self.skeleton_shown = True  # a structure's fixed tokens show as each canvas starts, not up front
 
     @property

@@ -47,15 +47,6 @@ def celeris_name(name: str) -> Optional[str]:
     raise ModelLoadError(f"checkpoint tensor {name!r} is not part of a DiffusionGemma text model")
 
 
-def is_gemma_folder(folder: str | Path) -> bool:
-    """Whether a model folder's config.json names DiffusionGemma (which LLM.load serves apart)."""
-    try:
-        raw = read_json(folder, "config.json")
-    except ModelLoadError:
-        return False  # the ordinary loader says what is wrong with it
-    return ARCHITECTURE in (raw.get("architectures") or [])
-
-
 def load_gemma(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> DiffusionGemma:
     folder = checkpoint_folder(folder)
     raw = read_json(folder, "config.json", required=True)
