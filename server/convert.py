@@ -3,7 +3,7 @@
 Generate's messages are built by a `ChoiceFormatter` per choice, which the servicer hands to the
 scheduler (Scheduler.submit): it runs in the scheduler's formatter thread, once per step event, so the
 event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
-messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `detok.CanvasDelta`,
+messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `events.CanvasDelta`,
 the record the engine builds for both doors.
 
 Tools (GenerateRequest.tools, tool_choice, parallel_tool_calls and the tool turns of a chat) are
@@ -23,13 +23,15 @@ from typing import Any, Optional
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
-from celeris.engine.detok import CanvasDelta, CanvasDeltas
+from celeris.engine.detok import CanvasDeltas
+from celeris.engine.events import CanvasDelta
 from celeris.engine.errors import FieldViolation, InvalidRequest
 from celeris.engine.structured.constraint import MAX_SCHEMA_CHARS, MAX_SCHEMA_NESTING, json_text_depth
 from celeris.engine.sampling.knobs import CHOICE, IDS, STRINGS, on
 from celeris.engine.llm import Request
 from celeris.engine.sampling.params import SamplingParams, fit_lengths
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 from celeris.server import tool_answers, tools_api
 from celeris.server.structured_api import from_fields

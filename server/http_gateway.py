@@ -27,7 +27,8 @@ from aiohttp import web
 from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
 from celeris.engine.llm import LLM
 from celeris.engine.loop.scheduler import Scheduler
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.server import openai_api, tools_api
 from celeris.server.errors import RequestTimeout
 from celeris.server.http_body import read_json

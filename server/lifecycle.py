@@ -26,7 +26,8 @@ from typing import AsyncIterator, Callable, Optional
 from celeris.engine.errors import EngineError, Overloaded
 from celeris.engine.llm import LLM, MAX_REQUEST_ID, Request
 from celeris.engine.loop.scheduler import Formatter, RequestStream, Scheduler
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.server.guard import Guard, current_client
 from celeris.server.telemetry import RequestObserver, Telemetry
 

@@ -40,7 +40,7 @@ from structlog.tracebacks import ExceptionDictTransformer
 from celeris.engine.errors import clip
 from celeris.engine.loop.scheduler import Scheduler
 from celeris.engine.loop.step_loop import StepRecord
-from celeris.engine.loop.sequence import StepEvent
+from celeris.engine.events import StepEvent
 
 MAX_LOGGED_ERROR = 512  # characters of an error message in a log line
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)

@@ -21,7 +21,8 @@ import time
 from typing import Callable, Optional
 
 from celeris.engine.errors import EngineError
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 
 LAG = 4  # step events a stream may hold unread before further ones are folded into one
 DONE = object()  # the end marker in a stream's queue

@@ -244,4 +244,4 @@ def test_engine_has_no_import_circle():
 def test_engine_top_level_is_small():
     """Everything else lives in a room (families/, loop/, sampling/, models/, structured/, parallel/, training/)."""
     top = sorted(p.name for p in ENGINE.glob("*.py"))
-    assert len(top) <= 8, top
+    assert len(top) <= 10, top
