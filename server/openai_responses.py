@@ -41,9 +41,8 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from celeris.engine.detok import CanvasDeltas
 from celeris.engine.events import FinishReason, StepEvent
-from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.serving import CanvasDeltas, MASK_MARKER, Tokenizer
 from celeris.server import tool_answers
 from celeris.server.tool_answers import AnswerReader
 

@@ -34,8 +34,8 @@ import time
 from typing import Any, Callable, Optional
 
 from celeris.engine.loop.admission import check_room
-from celeris.engine.errors import EngineError, Overloaded, StepFailed, Unavailable, clip
-from celeris.engine.loop.request_stream import DONE, RequestStream, StreamAbandoned, fold
+from celeris.engine.errors import EngineError, Overloaded, StepFailed, StreamAbandoned, Unavailable, clip
+from celeris.engine.loop.request_stream import DONE, RequestStream, fold
 from celeris.engine.loop.retry_after import RetryEstimate
 from celeris.engine.events import StepEvent
 from celeris.engine.loop.sequence import Sequence
