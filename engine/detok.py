@@ -28,10 +28,9 @@ changed, the commits, the cuts) that gRPC maps to a GenerateResponse and HTTP to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
-from celeris.engine.loop.sequence import StepEvent
+from celeris.engine.events import CanvasDelta, Cell, Guess, StepEvent
 from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
 
 REPLACEMENT = "\ufffd"
@@ -135,41 +134,6 @@ class IncrementalDetokenizer:
         return "".join(self.pieces[:self.visible])
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One canvas position as a delta reports it."""
-
-    position: int
-    id: int
-    text: str  # the token's own text (the mask marker where masked)
-    masked: bool
-    final: bool  # it will never change again (StepEvent.is_final)
-    piece: Optional[str] = None  # its share of the canvas text, only where that differs from `text`
-
-
-@dataclass(frozen=True)
-class Guess:
-    """The sampler's pick at a position of the current block it left masked (StepEvent.provisional)."""
-
-    position: int
-    id: int
-    text: str
-    confidence: float
-
-
-@dataclass(frozen=True)
-class CanvasDelta:
-    """What changed on one request's canvas since the previous delta: the record both doors map."""
-
-    cells: tuple[Cell, ...]  # ascending: every position whose id, piece or final flag changed
-    committed: tuple[int, ...]  # positions committed since the previous delta, ascending
-    confidences: tuple[float, ...]  # theirs, same order
-    visible: int  # positions before the first stop token: the text is the pieces of [0, visible)
-    settled: int  # positions [0, settled) are final (StepEvent.settled)
-    masked: int  # positions still masked
-    provisional: tuple[Guess, ...] = ()
-
-
 class CanvasDeltas:
     """Builds one request's `CanvasDelta`s from the step events a door sends, in order.
 
@@ -206,4 +170,4 @@ class CanvasDeltas:
                            d.masked, tuple(Guess(i, t, text(t), c) for i, t, c in ev.provisional))
 
 
-__all__ = ["CanvasDelta", "CanvasDeltas", "Cell", "Guess", "IncrementalDetokenizer"]
+__all__ = ["CanvasDeltas", "IncrementalDetokenizer"]

@@ -55,6 +55,11 @@ class Unavailable(EngineError):
     """The engine is loading, draining or stopped."""
 
 
+class StreamAbandoned(EngineError):
+    """The client read nothing from its stream for the unread timeout: its request was cancelled
+    (engine/loop/request_stream.py)."""
+
+
 class StepFailed(EngineError):
     """A batched step raised (a bug, or e.g. CUDA out of memory); its requests are ended."""
 

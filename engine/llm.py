@@ -24,7 +24,7 @@ from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.requests import CHAT_ROLES, MAX_REQUEST_ID, Prompt, Request, Requests
 from celeris.engine.loop.runner_api import StepRunner
 from celeris.engine.families.sequence import DecodeSequence
-from celeris.engine.loop.sequence import FinishReason, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.loop.step_loop import StepLoop
 from celeris.engine.tokenizer import Tokenizer
 

@@ -30,6 +30,16 @@ from celeris.engine.structured.lanes import Lanes
 from celeris.engine.structured.verdicts import Verdicts
 from celeris.engine.tokenizer import Tokenizer
 
+# What a door's request may say, named here for the doors: the server imports four engine modules,
+# this one, serving, events and errors (tests/unit/test_imports.py).
+from celeris.engine.agents.history import MAX_JSON_NESTING  # noqa: F401
+from celeris.engine.agents.parsers import TOOL_PARSERS, detect_tool_parser  # noqa: F401
+from celeris.engine.agents.reasoning import REASONING_PARSERS, detect_reasoning_parser  # noqa: F401
+from celeris.engine.agents.tools import parse_tool_choice, parse_tools  # noqa: F401
+from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on  # noqa: F401
+from celeris.engine.structured.constraint import (MAX_SCHEMA_CHARS, MAX_SCHEMA_NESTING,  # noqa: F401
+                                                  json_text_depth, value_depth)
+
 Prompt = Union[str, Seq[int]]
 MAX_REQUEST_ID = 128  # characters
 MAX_CACHE_SALT = 256  # characters

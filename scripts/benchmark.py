@@ -196,7 +196,8 @@ def run_grpc(llm: LLM, prompts, params, pairs, counter: FlopCounter, concurrency
 
     from celeris.v1 import generation_pb2 as pb
     from celeris.v1 import generation_pb2_grpc as pb_grpc
-    from celeris.server.app import ServerSettings, create_server
+    from celeris.server.app import create_server
+    from celeris.server.settings import ServerSettings
     from celeris.server.telemetry import configure_logging
 
     run = Run("grpc", "skill" if pairs else "text")

@@ -16,6 +16,7 @@ import time
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM, Request
+from celeris.engine.serving import Engine
 from celeris.engine.sampling.params import SamplingParams
 from celeris.server.convert import ChoiceFormatter, StreamPlan
 
@@ -31,14 +32,14 @@ def main() -> None:
     ap.add_argument("--stop-at-eos", action="store_true", help="let EOS end the request (default: every step runs)")
     a = ap.parse_args()
     llm = LLM.load(a.model, EngineConfig(max_gen_length=a.gen_length, max_batch=1, max_queue=1))
-    seq = llm.build(Request(prompt=a.prompt, params=SamplingParams(
+    prepared = Engine(llm).prepare_now(Request(prompt=a.prompt, params=SamplingParams(
         gen_length=a.gen_length, steps=a.steps, block_length=a.block_length, seed=a.seed,
         ignore_eos=not a.stop_at_eos, provisional=True)))  # changes no token; only the third row sends them
     events = []
-    llm.loop.add(seq, bounded=False)
+    llm.loop.add(prepared.seq, bounded=False)
     llm.loop.run_to_completion(events.append)
     for name, delta, guesses in (("full", False, False), ("delta", True, False), ("delta+provisional", True, True)):
-        fmt = ChoiceFormatter(StreamPlan(pb.STREAM_MODE_UNSPECIFIED, 1, delta, guesses), llm.tokenizer, 0, seq)
+        fmt = ChoiceFormatter(StreamPlan(pb.STREAM_MODE_UNSPECIFIED, 1, delta, guesses), llm.tokenizer, 0, prepared)
         t0 = time.perf_counter()
         msgs = [fmt(ev) for ev in events]
         spent = time.perf_counter() - t0

@@ -26,7 +26,8 @@ import openai
 from celeris.engine.llm import LLM
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
-from celeris.server.app import ServerSettings, create_server
+from celeris.server.app import create_server
+from celeris.server.settings import ServerSettings
 from celeris_client import CelerisClient
 
 DOORS = ("engine", "grpc", "http")

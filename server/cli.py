@@ -53,8 +53,7 @@ def process_age_s() -> float:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from celeris.engine.errors import ModelLoadError
-    from celeris.engine.llm import LLM
-    from celeris.engine.threads import configure_threads
+    from celeris.engine.serving import LLM, configure_threads
     from celeris.server.cli_model import model_from_args
 
     t_imports, t0 = process_age_s(), time.perf_counter()

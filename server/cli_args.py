@@ -9,7 +9,7 @@ import argparse
 def add_sampling_args(ap: argparse.ArgumentParser) -> None:
     """A flag for every knob of the table (engine/sampling/knobs.py). Every knob defaults to None: unset
     means the model's own default (generation_config.json)."""
-    from celeris.engine.sampling.knobs import BOOL, IDS, STRINGS, on
+    from celeris.engine.requests import BOOL, IDS, STRINGS, on
 
     g = ap.add_argument_group("sampling (unset: the model's defaults)")
     for k in on("cli"):
@@ -33,8 +33,7 @@ def sampling_from_args(a: argparse.Namespace, defaults=None):
     """The given flags over `defaults`, steps and block length fitted to a --gen-length given
     alone, validated; errors name the flag (--block-length)."""
     from celeris.engine.errors import FieldViolation, InvalidRequest
-    from celeris.engine.sampling.knobs import on
-    from celeris.engine.sampling.params import SamplingParams, fit_lengths
+    from celeris.engine.requests import SamplingParams, fit_lengths, on
 
     given = {k.name: getattr(a, k.name) for k in on("cli") if getattr(a, k.name, None) is not None}
     if "stop" in given:
@@ -88,7 +87,7 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(a: argparse.Namespace, **kw):
-    from celeris.engine.config import EngineConfig
+    from celeris.engine.serving import EngineConfig
 
     return EngineConfig(device=a.device, dtype=a.dtype, kv_cache=a.kv_cache,
                         tensor_parallel_size=getattr(a, "tensor_parallel_size", 1),
@@ -101,8 +100,7 @@ def engine_config_from_args(a: argparse.Namespace, **kw):
 
 def prefill_config(a: argparse.Namespace, kw: dict) -> dict:
     """EngineConfig fields of the prefix cache, chunked prefill and batched-token flags (vLLM's names)."""
-    from celeris.engine.config import EngineConfig
-    from celeris.engine.models.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, budget_from_gb
+    from celeris.engine.serving import DEFAULT_PREFIX_CACHE_BYTES, EngineConfig, budget_from_gb
 
     enable, gb = getattr(a, "enable_prefix_caching", None), getattr(a, "prefix_cache_gb", None)
     budget = 0 if enable is False else budget_from_gb(gb) if gb is not None else (

@@ -18,18 +18,16 @@ from celeris.server.cli_vllm import (add_vllm_args, apply_model_len, apply_to_mo
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from celeris.engine.training.train import run
+    from celeris.engine.serving import train
 
-    run(a)
+    train(a)
     return 0
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
     import dataclasses
 
-    from celeris.engine.llm import LLM
-    from celeris.engine.threads import configure_threads
-    from celeris.engine.training.evaluate import evaluate, format_report
+    from celeris.engine.serving import LLM, configure_threads, evaluate, format_report
 
     configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
     llm = LLM.load(model_from_args(a).path, engine_config_from_args(a, max_batch=64, max_queue=4096))
@@ -49,7 +47,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     cache = Path.home() / ".cache" / "celeris"
 
-    from celeris.engine.training.train import add_train_args
+    from celeris.engine.serving import add_train_args
 
     tr = sub.add_parser("train", help="train celeris-tiny from scratch (45.9 + 8.0 min on 2 idle AMD EPYC cores, "
                                       "2026-12-04: its model card)")
@@ -73,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_serve_args(ap: argparse.ArgumentParser) -> None:
-    from celeris.server.app import ServerSettings
+    from celeris.server.settings import ServerSettings
 
     d = ServerSettings()
     # The images set CELERIS_HOST (and the ports) in their environment, so `docker run IMAGE --model
@@ -186,7 +184,7 @@ def check_api_key(key: Optional[str]) -> None:
 def settings_from_args(a: argparse.Namespace, repo_id: Optional[str], allowed_origins: tuple[str, ...]):
     """The server's settings from the flags; two doors asking for one port fail here, before the
     model loads."""
-    from celeris.server.app import ServerSettings, check_distinct_ports
+    from celeris.server.settings import ServerSettings, check_distinct_ports
 
     settings = ServerSettings(host=a.host, port=a.grpc_port, api_token=a.api_token, rate_limit=a.rate_limit,
                               drain_seconds=a.drain_seconds, grace_seconds=a.grace_seconds,
@@ -207,8 +205,7 @@ def settings_from_args(a: argparse.Namespace, repo_id: Optional[str], allowed_or
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
-    from celeris.engine.llm import LLM
-    from celeris.engine.threads import TensorThread, configure_switch_interval, configure_threads
+    from celeris.engine.serving import LLM, TensorThread, configure_switch_interval, configure_threads
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
     from celeris.server.tools_api import check_names
 
@@ -232,7 +229,7 @@ def serve_from_args(a: argparse.Namespace) -> int:
     llm = thread.call(LLM.load, source.path, cfg)
     apply_to_model(llm, a)  # --chat-template, --generation-config
     if a.simulate_step_ms is not None:  # benchmarks only: a GPU's pace, no forward
-        from celeris.engine.loop.sim_runner import simulate
+        from celeris.engine.serving import simulate
 
         simulate(llm, a.simulate_step_ms / 1000)
     telemetry = Telemetry(make_tracer_provider(a.trace_exporter), Metrics(), log_prompts=a.log_prompts)
@@ -247,7 +244,7 @@ async def _serve(llm, settings, telemetry, thread=None, threads: int = 0) -> boo
     """Serve until a signal, or until a tensor-parallel worker is lost (then True)."""
     import structlog
 
-    from celeris.engine.threads import freeze_startup_heap
+    from celeris.engine.serving import freeze_startup_heap
     from celeris.server.app import create_server
     from celeris.server.startup import log_startup
 

@@ -185,7 +185,7 @@ def checkpoint_dtype(folder: Path) -> str:
 def resolve_dtype(a: argparse.Namespace, path: Optional[str]) -> None:
     """`--dtype auto` becomes the checkpoint's dtype (in place, before the engine config is built)."""
     if getattr(a, "dtype", None) == "auto":
-        from celeris.engine.llm import model_folder
+        from celeris.engine.serving import model_folder
 
         a.dtype = checkpoint_dtype(model_folder(path))
 
@@ -213,7 +213,7 @@ def apply_to_model(llm: Any, a: argparse.Namespace) -> None:
     if a.generation_config == "vllm":
         llm.requests.defaults = llm.family.base_params().validate()
     elif a.generation_config != "auto":
-        from celeris.engine.llm import model_defaults
+        from celeris.engine.serving import model_defaults
 
         folder = Path(a.generation_config)
         if not (folder / "generation_config.json").is_file():

@@ -3,7 +3,7 @@
 Generate's messages are built by a `ChoiceFormatter` per choice, which the servicer hands to the
 scheduler (Scheduler.submit): it runs in the scheduler's formatter thread, once per step event, so the
 event loop only writes finished messages. Full snapshots cost O(gen_length) per message; delta
-messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `detok.CanvasDelta`,
+messages (SNAPSHOT_FORMAT_DELTA) cost O(changed positions): each maps one `events.CanvasDelta`,
 the record the engine builds for both doors.
 
 Tools (GenerateRequest.tools, tool_choice, parallel_tool_calls and the tool turns of a chat) are
@@ -23,14 +23,11 @@ from typing import Any, Optional
 from google.protobuf.duration_pb2 import Duration
 
 from celeris.v1 import generation_pb2 as pb
-from celeris.engine.detok import CanvasDelta, CanvasDeltas
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.engine.structured.constraint import MAX_SCHEMA_CHARS, MAX_SCHEMA_NESTING, json_text_depth
-from celeris.engine.sampling.knobs import CHOICE, IDS, STRINGS, on
-from celeris.engine.llm import Request
-from celeris.engine.sampling.params import SamplingParams, fit_lengths
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
-from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.events import CanvasDelta, FinishReason, StepEvent
+from celeris.engine.requests import (CHOICE, IDS, MAX_SCHEMA_CHARS, MAX_SCHEMA_NESTING, Request, STRINGS,
+                                     SamplingParams, fit_lengths, json_text_depth, on)
+from celeris.engine.serving import MASK_MARKER, CanvasDeltas, Prepared, Tokenizer
 from celeris.server import tool_answers, tools_api
 from celeris.server.structured_api import from_fields
 from celeris.server.tool_answers import AnswerReader
@@ -333,7 +330,7 @@ class ChoiceFormatter:
     plan: StreamPlan
     tok: Tokenizer
     choice: int
-    seq: Sequence  # read once, here: its params (a door reads no engine state after submit)
+    prepared: Prepared  # read once, here: its params
     t0: float = field(default_factory=time.perf_counter)  # admission: `elapsed` counts from here
     committed: dict[int, float] = field(default_factory=dict)  # since the last message sent
     deltas: Optional[CanvasDeltas] = None
@@ -342,7 +339,7 @@ class ChoiceFormatter:
     reader: Optional[AnswerReader] = None  # reads the final text (tool calls, reasoning); None: not read
 
     def __post_init__(self) -> None:
-        self.lengths = (self.seq.params.gen_length, self.seq.params.block_length)
+        self.lengths = (self.prepared.params.gen_length, self.prepared.params.block_length)
         if self.plan.delta:
             self.deltas = CanvasDeltas(self.tok, self.lengths[0])
 

@@ -13,8 +13,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from celeris.engine.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, Unavailable
-from celeris.engine.loop.request_stream import StreamAbandoned
+from celeris.engine.errors import (EngineError, InvalidRequest, ModelLoadError, Overloaded, StepFailed, StreamAbandoned,
+                                   Unavailable)
 
 MAX_MESSAGE = 1024  # characters of an error message or a violation's description sent back (or logged)
 # A refusal's delay is the engine's estimate times a random factor in [1, 1 + RETRY_JITTER): never

@@ -4,7 +4,7 @@ Routes: one table, `ROUTES` (at the end), from which the gateway registers, guar
 route and /openapi.json lists them: generation (POST /v1/completions, /v1/chat/completions),
 GET /v1/models[/{id}], GET /health and GET / (the web page, clients/web/index.html) are handled
 here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in http_extras.py;
-/ping and /openapi.json in http_vllm.py. Requests go to the same Scheduler as gRPC, so both
+/ping and /openapi.json in http_vllm.py. Requests go to the same engine as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
@@ -25,9 +25,8 @@ import structlog
 from aiohttp import web
 
 from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
-from celeris.engine.llm import LLM
-from celeris.engine.loop.scheduler import Scheduler
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.serving import Engine, Prepared
 from celeris.server import openai_api, tools_api
 from celeris.server.errors import RequestTimeout
 from celeris.server.http_body import read_json
@@ -35,8 +34,9 @@ from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls
 from celeris.server import http_extras, http_vllm
 from celeris.server.guard import Guard
 from celeris.server.http_extras import Cors, HostCheck
-from celeris.server.lifecycle import Lifecycle, LiveRequest, merged, structure_path
+from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
 from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
+from celeris.server.settings import ServerSettings
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -62,14 +62,15 @@ def error_json(exc: BaseException) -> web.Response:
 
 
 class HttpGateway:
-    def __init__(self, llm: LLM, scheduler: Scheduler, settings: Any, health: Any = None,
+    def __init__(self, engine: Engine, settings: ServerSettings, health: Any = None,
                  lifecycle: Optional[Lifecycle] = None, guard: Optional[Guard] = None):
-        """`settings` is server.app.ServerSettings; `health` (server.health.Health) drives /health;
-        `lifecycle` and `guard` are the gRPC door's, so both doors share them."""
+        """`health` (server.health.Health) drives /health; `lifecycle` and `guard` are the gRPC
+        door's, so both doors share them."""
         from celeris.server.telemetry import Telemetry
 
-        self.llm, self.scheduler, self.settings, self.health = llm, scheduler, settings, health
-        self.lifecycle = lifecycle or Lifecycle(llm, scheduler, Telemetry())
+        self.engine, self.llm, self.settings, self.health = engine, engine.llm, settings, health
+        llm = engine.llm
+        self.lifecycle = lifecycle or Lifecycle(engine, Telemetry())
         self.guard = guard or Guard(settings.api_token, settings.rate_limit, settings.rate_burst)
         self.port = 0
         self.draining = False
@@ -82,8 +83,8 @@ class HttpGateway:
         self._created = int(time.time())
         self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
         # Tool-call and reasoning parsers: the settings' names, else detected from the chat template.
-        self.parsers = tools_api.resolve(llm.tokenizer.chat_template, getattr(settings, "tool_call_parser", None),
-                                         getattr(settings, "reasoning_parser", None), llm.tokenizer.special_markers)
+        self.parsers = tools_api.resolve(llm.tokenizer.chat_template, settings.tool_call_parser,
+                                         settings.reasoning_parser, llm.tokenizer.special_markers)
 
     @property
     def inflight(self) -> int:
@@ -94,7 +95,7 @@ class HttpGateway:
 
     def app(self) -> web.Application:
         cors = Cors(self.settings.allowed_origins)
-        hosts = HostCheck(self.settings.host, getattr(self.settings, "allowed_hosts", ()))
+        hosts = HostCheck(self.settings.host, self.settings.allowed_hosts)
         # The Host check comes first (before CORS preflights, auth and any body is read): a
         # rebinding page's requests are refused whatever they carry.
         middlewares = [self._access_log, *([hosts.middleware] if hosts.active else []),
@@ -109,7 +110,7 @@ class HttpGateway:
 
     def routes(self) -> tuple["Route", ...]:
         """The routes this gateway serves: the table less those a setting turns off."""
-        return tuple(r for r in ROUTES if r.flag is None or getattr(self.settings, r.flag, False))
+        return tuple(r for r in ROUTES if r.served is None or r.served(self.settings))
 
     async def start(self, port: int) -> None:
         self._page = web_page_path().read_bytes()
@@ -126,7 +127,7 @@ class HttpGateway:
         except BaseException:
             await self._runner.cleanup()
             raise
-        tls = tls_context(s.ssl_certfile, s.ssl_keyfile) if getattr(s, "ssl_certfile", None) else None
+        tls = tls_context(s.ssl_certfile, s.ssl_keyfile) if s.ssl_certfile else None
         await web.SockSite(self._runner, sock, ssl_context=tls).start()
         self.port = sock.getsockname()[1]
         log.info("http.started", port=self.port, **self.parsers.names)
@@ -140,7 +141,7 @@ class HttpGateway:
             # [DONE], or a JSON 503. Only handlers still stuck after that (a client that does not
             # read) are cancelled, which drops their connections.
             log.warning("http.grace_expired", inflight=self._inflight)
-            self.scheduler.interrupt(Unavailable("the server stopped before this request finished (shutdown "
+            self.engine.interrupt(Unavailable("the server stopped before this request finished (shutdown "
                                                  "grace period over); retry on another replica"))
             if not await self._settled(ENDING_S):
                 for task in list(self._handlers):
@@ -187,7 +188,7 @@ class HttpGateway:
         try:
             auth = next((v for k, v in request.raw_headers if k.lower() == b"authorization"), None)
             self.guard.check(auth, request.remote or "", request.headers.get("X-Forwarded-For"))
-            if request.method == "POST" and (self.draining or not self.scheduler.accepting):
+            if request.method == "POST" and (self.draining or not self.engine.accepting):
                 raise Unavailable("server is draining; retry on another replica")
             return await handler(request)
         except EngineError as e:
@@ -206,7 +207,7 @@ class HttpGateway:
     async def healthz(self, request: web.Request) -> web.Response:
         serving = (self.health.serving if self.health is not None else True) and not self.draining
         body = {"status": "serving" if serving else "not_serving", "model": self.model_names[0],
-                "running": self.scheduler.running, "queued": self.scheduler.queued}
+                "running": self.engine.running, "queued": self.engine.queued}
         return web.json_response(body, status=200 if serving else 503)
 
     def _model_card(self, name: str) -> dict[str, Any]:
@@ -264,11 +265,11 @@ class HttpGateway:
                 lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
                 responders: list[Responder] = []
 
-                def formatter(seq: Sequence) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
+                def formatter(prepared: Prepared) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
                     """Choice k's Responder, made as it is admitted (choices in order; all share the
                     first choice's id); streams get its formatter, run in the formatter thread."""
                     k = len(responders)
-                    rid = responders[0].request_id if responders else seq.request_id
+                    rid = responders[0].request_id if responders else prepared.request_id
                     responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
                                                 echo=self._echo(req, k), provisional=req.params.provisional,
                                                 reader=reader))
@@ -287,7 +288,7 @@ class HttpGateway:
                 lives[0].fail(e)
                 return error_json(e)
             rid = streams[0].request_id
-            extra = {"X-Celeris-Structure-Path": path} if (path := structure_path(streams[0].seq)) else {}
+            extra = {"X-Celeris-Structure-Path": path} if (path := streams[0].structure_path) else {}
             if req.stream:
                 return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra)
             try:
@@ -362,7 +363,8 @@ class Route:
     public: bool = False  # no token needed: the page asks for one, probes, tools and scrapers have none
     probe: bool = False  # logged at debug level: probes come every few seconds
     body: Optional[str] = None  # its JSON body's schema in /openapi.json (components.schemas)
-    flag: Optional[str] = None  # the server setting that serves it (unset: not served, not listed)
+    # Whether the settings serve it (False: not served, not listed); None: always served.
+    served: Optional[Callable[[ServerSettings], bool]] = None
 
 
 _G = HttpGateway
@@ -378,7 +380,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
     Route("GET", "/version", http_extras.get_version, "the server's version", public=True),
     Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
-          flag="metrics_on_http"),
+          served=lambda s: s.metrics_on_http),
     Route("GET", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
     Route("POST", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
     Route("GET", "/openapi.json", http_vllm.openapi_json, "this document (OpenAPI 3.1)", public=True),

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from aiohttp import web
 
 from celeris.engine.errors import FieldViolation, clip
-from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, STRINGS, Knob, on
+from celeris.engine.requests import BOOL, CHOICE, FLOAT, IDS, INT, Knob, STRINGS, on
 from celeris.server.errors import UnsupportedMediaType, error_body
 from celeris.server.http_body import json_media
 

@@ -1,9 +1,9 @@
 """One request lifecycle for both front doors (gRPC and the HTTP gateway).
 
-A door only translates: its wire request -> `celeris.engine.llm.Request`, then
+A door only translates: its wire request -> `celeris.engine.requests.Request`, then
 
     lives = [lifecycle.start(...)]       # one per sample (n): span, log context, metrics
-    await lifecycle.submit(lives, reqs)  # validated once by the engine, tokenized off the event
+    await lifecycle.submit(lives, reqs)  # prepared once by the engine (engine/serving.py), tokenized off the event
                                          # loop, then admitted all or none: errors raise here
     async for ev in life.events():       # step events, observed once
         ...                              # -> response messages
@@ -21,22 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import AsyncIterator, Callable, Optional
+from typing import AsyncIterator, Optional
 
 from celeris.engine.errors import EngineError, Overloaded
-from celeris.engine.llm import LLM, MAX_REQUEST_ID, Request
-from celeris.engine.loop.scheduler import Formatter, RequestStream, Scheduler
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.requests import MAX_REQUEST_ID, Request
+from celeris.engine.serving import Engine, FormatterFactory, RequestStream
 from celeris.server.guard import Guard, current_client
 from celeris.server.telemetry import RequestObserver, Telemetry
 
-FormatterFactory = Callable[[Sequence], Formatter]
-
-
 class Lifecycle:
-    def __init__(self, llm: LLM, scheduler: Scheduler, telemetry: Telemetry, guard: Optional[Guard] = None,
+    def __init__(self, engine: Engine, telemetry: Telemetry, guard: Optional[Guard] = None,
                  max_calls_per_connection: int = 0):
-        self.llm, self.scheduler, self.telemetry, self.guard = llm, scheduler, telemetry, guard
+        self.engine, self.telemetry, self.guard = engine, telemetry, guard
         self.max_calls_per_connection = max_calls_per_connection  # gRPC; 0 = no limit
         self._calls: collections.Counter[str] = collections.Counter()  # open gRPC calls per connection
 
@@ -47,27 +44,26 @@ class Lifecycle:
 
     async def submit(self, lives: list[LiveRequest], reqs: list[Request],
                      formatters: Optional[list[Optional[FormatterFactory]]] = None) -> list[RequestStream]:
-        """Build every sample's request (validate + tokenize, in a worker thread), then admit them
-        all or none (Scheduler.submit_group); raises EngineError, recorded on the first sample.
-        `formatters[k](seq)` makes sample k's event formatter, run off the loop: its events then
+        """Prepare every sample's request (validate + tokenize, in a worker thread), then admit them
+        all or none (`Engine.submit`); raises EngineError, recorded on the first sample.
+        `formatters[k](prepared)` makes sample k's event formatter, run off the loop: its events then
         arrive with `formatted` set."""
         first = lives[0]
         try:
-            seqs = []
+            prepared = []
             client = current_client()  # structured and tool builds are capped per client (engine/structured/lanes.py)
             for life, req in zip(lives, reqs):
                 if req.request_id:  # logged before validation, so cut to the limit
                     life.obs.bind(req.request_id[:MAX_REQUEST_ID])
-                seqs.append(await self.llm.build_async(req, inline=len(reqs) == 1, client=client))  # each off the loop
-                life.obs.bind(seqs[-1].request_id, seqs[-1].ticket)
-                if (path := structure_path(seqs[-1])):
-                    self.telemetry.metrics.structured.labels(path).inc()
+                p = await self.engine.prepare(req, inline=len(reqs) == 1, client=client)  # each off the loop
+                prepared.append(p)
+                life.obs.bind(p.request_id, p.ticket)
+                if p.structure_path:
+                    self.telemetry.metrics.structured.labels(p.structure_path).inc()
             self._check_connection(first.connection)
-            if self.guard is not None and len(seqs) > 1:
-                self.guard.charge(client, len(seqs) - 1)  # the call itself paid for one sample
-            makers = formatters or [None] * len(seqs)
-            streams = self.scheduler.submit_group(seqs, [f(seq) if f else None for f, seq in zip(makers, seqs)],
-                                                  client)
+            if self.guard is not None and len(prepared) > 1:
+                self.guard.charge(client, len(prepared) - 1)  # the call itself paid for one sample
+            streams = self.engine.submit(prepared, formatters, client)
         except EngineError as e:
             first.obs.fail(e)
             raise
@@ -87,12 +83,6 @@ class Lifecycle:
         self._calls[connection] -= 1
         if self._calls[connection] <= 0:
             del self._calls[connection]
-
-
-def structure_path(seq: Sequence) -> str:
-    """How a request's structured output decodes (engine/structured: skeleton, document, regex), or
-    "" for free text: both doors report it (HTTP's x-celeris-structure-path header, the metric)."""
-    return seq.constraint.layout.path if seq.constraint is not None else ""
 
 
 class LiveRequest:

@@ -28,10 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, INT, on
-from celeris.engine.llm import Request
-from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
-from celeris.engine.structured.constraint import Structured
+from celeris.engine.requests import (BOOL, CHOICE, FLOAT, INT, MAX_SEED, Request, SamplingParams, Structured,
+                                     fit_lengths, on)
 from celeris.server.errors import ModelNotFound, error_body, to_openai
 from celeris.server.structured_api import FIELDS as STRUCTURED_FIELDS, from_body as structured_from_body
 from celeris.server import tools_api

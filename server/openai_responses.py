@@ -17,7 +17,7 @@ Streaming has two modes:
   also carries `provisional`: [{"i", "text", "confidence"}], the sampler's pick at each cell of the
   current block it ranked this step and left masked (replacing the previous event's list whole).
   The last event is a whole snapshot, as below, with the final text. Each event maps the
-  engine's `detok.CanvasDelta` (the record gRPC's delta messages map too), O(changed cells).
+  engine's `events.CanvasDelta` (the record gRPC's delta messages map too), O(changed cells).
 - diffusing, full (`diffusing: "full"`): every event carries the whole canvas as text (replace,
   not append) in the usual field (choices[].text / delta.content), plus a `celeris` object saying
   so, with step / block counters, `final_positions` and each position's state (and "final") for
@@ -41,9 +41,8 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from celeris.engine.detok import CanvasDeltas
-from celeris.engine.loop.sequence import FinishReason, StepEvent
-from celeris.engine.tokenizer import MASK_MARKER, Tokenizer
+from celeris.engine.events import FinishReason, StepEvent
+from celeris.engine.serving import CanvasDeltas, MASK_MARKER, Tokenizer
 from celeris.server import tool_answers
 from celeris.server.tool_answers import AnswerReader
 

@@ -11,10 +11,10 @@ import grpc
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from celeris.engine.errors import EngineError, InvalidRequest
-from celeris.engine.llm import LLM
+from celeris.engine.serving import LLM
 from celeris.server import convert
 from celeris.server.errors import abort
-from celeris.server.lifecycle import Lifecycle, merged_events, structure_path
+from celeris.server.lifecycle import Lifecycle, merged_events
 from celeris.server.tools_api import Parsers, resolve
 
 GENERATE = "celeris.v1.GenerationService/Generate"
@@ -50,7 +50,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k, reader=reader)
                               for k in range(len(reqs))]  # messages are built off the loop
                 streams = await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
-                if (path := structure_path(streams[0].seq)):  # as HTTP's x-celeris-structure-path header
+                if (path := streams[0].structure_path):  # as HTTP's x-celeris-structure-path header
                     await context.send_initial_metadata((("x-celeris-structure-path", path),))
             except EngineError as e:
                 e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from celeris.engine.threads import affinity_cpus, cgroup_cpu_quota, gemm_rows_invariant
+from celeris.engine.serving import affinity_cpus, cgroup_cpu_quota, gemm_rows_invariant
+from celeris.server.settings import ServerSettings
 
 WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
@@ -60,10 +61,10 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def summary(server: Any, settings: Any, llm: Any, threads: int) -> dict[str, Any]:
+def summary(server: Any, settings: ServerSettings, llm: Any, threads: int) -> dict[str, Any]:
     """One record: every address a person or a client needs, and what the server runs."""
     host = _host(settings.host)
-    scheme = "https" if getattr(settings, "ssl_certfile", None) else "http"
+    scheme = "https" if settings.ssl_certfile else "http"
     http = f"{scheme}://{host}:{server.http.port}" if server.http is not None else None
     metrics_port = server.metrics_port
     metrics = [f"http://{_host(settings.metrics_host or settings.host)}:{metrics_port}/metrics"] if metrics_port else []
@@ -75,7 +76,7 @@ def summary(server: Any, settings: Any, llm: Any, threads: int) -> dict[str, Any
             "threads": threads, "bind": settings.host, "tls": scheme == "https"}
 
 
-def log_startup(log: Any, server: Any, settings: Any, llm: Any, threads: int,
+def log_startup(log: Any, server: Any, settings: ServerSettings, llm: Any, threads: int,
                 cpus: Optional[CpuBudget] = None, frozen: Optional[int] = None) -> None:
     """The summary as one log record (with `frozen`, the objects engine.threads.freeze_startup_heap
     took out of the collector's reach), then the thread warning if there is one."""

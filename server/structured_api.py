@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from celeris.engine.errors import FieldViolation, clip
-from celeris.engine.structured.constraint import MAX_SCHEMA_CHARS, Structured
+from celeris.engine.requests import MAX_SCHEMA_CHARS, Structured
 
 FIELDS = ("response_format", "structured_outputs")
 VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice"}

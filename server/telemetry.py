@@ -38,9 +38,8 @@ from structlog.processors import ExceptionRenderer
 from structlog.tracebacks import ExceptionDictTransformer
 
 from celeris.engine.errors import clip
-from celeris.engine.loop.scheduler import Scheduler
-from celeris.engine.loop.step_loop import StepRecord
-from celeris.engine.loop.sequence import StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.serving import Engine, StepRecord
 
 MAX_LOGGED_ERROR = 512  # characters of an error message in a log line
 MAX_LOGGED_PROMPT = 256  # characters of a prompt in a log line (with --log-prompts)
@@ -309,19 +308,18 @@ class Telemetry:
         self.log.info("request.started", peer=peer, door=attributes.get("celeris.door"), **extra)
         return obs
 
-    def bind_scheduler(self, scheduler: Scheduler, model_name: str = "") -> None:
-        """Gauges read the scheduler at scrape time, so they never go stale between steps; the
+    def bind_engine(self, engine: Engine, model_name: str = "") -> None:
+        """Gauges read the engine at scrape time, so they never go stale between steps; the
         vLLM-named series (labelled with `model_name`, the served name) read the same ones."""
         from celeris.server.metrics_vllm import VllmNames
 
-        self.metrics.queue_depth.set_function(lambda: scheduler.queued)
-        self.metrics.running.set_function(lambda: scheduler.running)
-        self.metrics.open_streams.set_function(lambda: scheduler.open)
+        self.metrics.queue_depth.set_function(lambda: engine.queued)
+        self.metrics.running.set_function(lambda: engine.running)
+        self.metrics.open_streams.set_function(lambda: engine.open)
         self.metrics.event_loop_cpu.set_function(thread_cpu_clock(threading.get_ident()))
-        prefixes = getattr(scheduler.core.runner, "prefixes", None)  # block models' prefix cache, when on
-        if prefixes is not None:
-            self.metrics.registry.register(PrefixCacheCollector(prefixes.cache.stats))
-        stats = prefixes.cache.stats if prefixes is not None else None
+        stats = engine.prefix_cache_stats  # block models' prefix cache, when on
+        if stats is not None:
+            self.metrics.registry.register(PrefixCacheCollector(stats))
         self.metrics.registry.register(VllmNames(self.metrics, model_name, stats))
 
     def on_step(self, record: StepRecord) -> None:

@@ -64,8 +64,7 @@ class Parsers:
 
 def check_names(tool: Optional[str], reasoning: Optional[str]) -> None:
     """Start-up check of the two flags (before the model loads): unknown names fail at once."""
-    from celeris.engine.agents.parsers import TOOL_PARSERS
-    from celeris.engine.agents.reasoning import REASONING_PARSERS
+    from celeris.engine.requests import REASONING_PARSERS, TOOL_PARSERS
 
     for flag, name, table in (("--tool-call-parser", tool, TOOL_PARSERS),
                               ("--reasoning-parser", reasoning, REASONING_PARSERS)):
@@ -79,8 +78,7 @@ def resolve(chat_template: str, tool_call_parser: Optional[str] = None,
             reasoning_parser: Optional[str] = None, specials: Optional[dict] = None) -> Parsers:
     """The parsers for a loaded model: the named ones, else the ones its chat template shows
     (`specials`: its tokenizer's `special_markers`)."""
-    from celeris.engine.agents.parsers import TOOL_PARSERS, detect_tool_parser
-    from celeris.engine.agents.reasoning import REASONING_PARSERS, detect_reasoning_parser
+    from celeris.engine.requests import REASONING_PARSERS, TOOL_PARSERS, detect_reasoning_parser, detect_tool_parser
 
     tool, reasoning = tool_call_parser, reasoning_parser
     check_names(tool, reasoning)
@@ -108,7 +106,7 @@ def from_body(body: dict, chat: bool, v: list[FieldViolation]) -> Optional[ToolR
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         v.append(FieldViolation("parallel_tool_calls", f"must be a boolean, got {clip(parallel)}"))
-    from celeris.engine.agents.tools import parse_tool_choice, parse_tools
+    from celeris.engine.requests import parse_tool_choice, parse_tools
 
     raw, choice_raw = body.get("tools"), body.get("tool_choice")
     if raw is None or raw == []:
@@ -205,8 +203,7 @@ def _call(field: str, c: Any, v: list[FieldViolation]) -> dict:
     if isinstance(args, dict):  # some clients send the object itself: measured before it is written out
         import json
 
-        from celeris.engine.agents.history import MAX_JSON_NESTING
-        from celeris.engine.structured.constraint import value_depth
+        from celeris.engine.requests import MAX_JSON_NESTING, value_depth
 
         if value_depth(args, MAX_JSON_NESTING) > MAX_JSON_NESTING:
             v.append(FieldViolation(f"{field}.function.arguments",

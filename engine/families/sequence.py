@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from celeris.engine.loop.sequence import FinishReason, Sequence, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.tokenizer import stop_cut
 
 

@@ -21,14 +21,11 @@ import time
 from typing import Callable, Optional
 
 from celeris.engine.errors import EngineError
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 
 LAG = 4  # step events a stream may hold unread before further ones are folded into one
 DONE = object()  # the end marker in a stream's queue
-
-
-class StreamAbandoned(EngineError):
-    """The client read nothing from its stream for the unread timeout: its request was cancelled."""
 
 
 def merge(older: StepEvent, newer: StepEvent) -> StepEvent:
@@ -82,6 +79,9 @@ class RequestStream:
         # Set by a door: sees each event, or the error, as the reader takes it (its telemetry),
         # so that observing costs no extra async-generator layer per message.
         self.observer: Optional[Callable[[object], None]] = None
+        # How its structured output decodes (skeleton, document, regex; "" for free text), set by the
+        # engine's front (engine/serving.py): both doors report it without reading the request.
+        self.structure_path = ""
 
     @property
     def lagging(self) -> bool:

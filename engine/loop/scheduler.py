@@ -34,10 +34,11 @@ import time
 from typing import Any, Callable, Optional
 
 from celeris.engine.loop.admission import check_room
-from celeris.engine.errors import EngineError, Overloaded, StepFailed, Unavailable, clip
-from celeris.engine.loop.request_stream import DONE, RequestStream, StreamAbandoned, fold
+from celeris.engine.errors import EngineError, Overloaded, StepFailed, StreamAbandoned, Unavailable, clip
+from celeris.engine.loop.request_stream import DONE, RequestStream, fold
 from celeris.engine.loop.retry_after import RetryEstimate
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.loop.step_loop import StepLoop, StepRecord
 from celeris.engine.loop.step_worker import StepWorker, post
 from celeris.engine.threads import TensorThread, in_daemon_thread

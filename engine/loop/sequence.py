@@ -1,4 +1,4 @@
-"""The loop's record of a request, and the event contract the doors read (no torch).
+"""The loop's record of a request (no torch); the events it yields are engine/events.py's.
 
 A `Sequence` is what the step loop keeps of a request: its ids, slot, owner, steps and finish.
 Each family subclasses it with its decoding state (engine/families/sequence.py and each family's
@@ -10,87 +10,14 @@ that builds the step's `StepEvent`.
 from __future__ import annotations
 
 import abc
-import enum
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.sampling.params import SamplingParams
 
-
-class FinishReason(enum.Enum):
-    LENGTH = "length"  # the canvas is full
-    STOP = "stop"  # a finished block held EOS / end-of-turn
-    CANCELLED = "cancelled"
-
-
 _tickets = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """Everything a front door needs after one denoising step of one request.
-
-    Doors read only events, never `Sequence` state, so gRPC and HTTP report the same numbers.
-    """
-
-    request_id: str
-    step: int  # 0-based index of the denoising step that produced this snapshot
-    total_steps: int  # steps planned (for threshold/factor: gen_length, the worst case)
-    block: int
-    num_blocks: int
-    canvas: tuple[int, ...]  # generated region, mask id where still masked
-    committed: tuple[int, ...]  # positions (in the generated region) committed this step
-    confidences: tuple[float, ...]  # their confidences, same order
-    generated: tuple[int, ...]  # canvas ids up to the first stop token or still-masked position
-    visible: int  # canvas positions before the first stop token (masks included): what to render
-    settled: int  # canvas positions that can no longer change (finished blocks)
-    steps: int  # denoising steps run so far
-    forward_passes: int  # model calls spent on this request so far (two per step with CFG)
-    seed: int
-    prompt_tokens: int
-    finished: bool = False
-    finish_reason: Optional[FinishReason] = None
-    block_complete: bool = False
-    ticket: int = 0  # which submission this is (request ids can be reused once one ends)
-    kv_cache: str = "none"  # what the request decodes over: none, prefix, dual (approximate) or exact
-    # With params.logprobs: (logprob, ((id, logprob), ...)) of each committed position, taken at the
-    # step it was committed; `logprobs` covers every generated position, on the last event only.
-    committed_logprobs: tuple = ()
-    logprobs: tuple = ()
-    stop_text: str = ""  # the stop string that ended the output: text is cut where it begins
-    # With params.provisional: (position, token, confidence) for each position of the current
-    # block the sampler ranked this step and left masked, its pick there (ascending positions).
-    provisional: tuple = ()
-    # The stream contract: a position is final (will never change) or provisional (may). A mask
-    # model's committed positions are final (masked ones are not); a revising model's (DiffusionGemma,
-    # LLaDA2.1 editing) are final only below `settled`, the rest shows its current guess.
-    # Token editing (LLaDA2.1): `revised` are the positions of `committed` that replaced a token
-    # written at an earlier step (not a mask), ascending.
-    revised: tuple[int, ...] = ()
-    revising: bool = False
-    # What the door's formatter (Scheduler.submit) built from this event in the step worker thread:
-    # opaque to the engine (a response message, an SSE chunk, or None for "send nothing").
-    formatted: Any = None
-    # Set on the last event of a request whose own row-level work failed (Sequence.fail): the
-    # error its door raises instead of this event (engine/errors.py: InvalidRequest, RowFailed).
-    error: Optional[Exception] = None
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache (engine/models/prefix_cache.py)
-    # Typed decisions: a choice asked with logprobs gets {option: probability} over its options
-    # (summing to 1; engine/sampling/choice.py), on the last event only; None otherwise.
-    choice_probabilities: Optional[dict[str, float]] = None
-
-    def with_formatted(self, formatted: Any) -> StepEvent:
-        """This event with `formatted` set: `dataclasses.replace` without running the frozen
-        `__init__` over every field again (7 us -> under 1; once per event, in the formatter thread)."""
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.__dict__["formatted"] = formatted
-        return new
-
-    def is_final(self, i: int, mask_id: int) -> bool:
-        """Whether canvas position i will never change again (the stream contract above)."""
-        return i < self.settled or (not self.revising and self.canvas[i] != mask_id)
 
 
 @dataclass

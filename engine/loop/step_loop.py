@@ -19,7 +19,8 @@ from celeris.engine.loop import fair_share
 from celeris.engine.loop.batching import Group, Picker, partition
 from celeris.engine.errors import Overloaded, row_error
 from celeris.engine.loop.runner_api import RowResult, StepRunner, StepStats
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 
 
 def apply_row(seq: Sequence, r: RowResult) -> Callable[[], StepEvent]:

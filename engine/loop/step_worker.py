@@ -23,7 +23,8 @@ import threading
 from typing import Callable, Optional
 
 from celeris.engine.errors import Unavailable
-from celeris.engine.loop.sequence import Sequence, StepEvent
+from celeris.engine.events import StepEvent
+from celeris.engine.loop.sequence import Sequence
 from celeris.engine.loop.step_loop import StepLoop, StepRecord
 
 # Formatter thread: format one step's events and post them to the event loop; the returned event is

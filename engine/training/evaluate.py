@@ -20,7 +20,7 @@ import torch
 
 from celeris.engine.sampling.params import SamplingParams, fit_lengths
 from celeris.engine.sampling.reference import reference_generate
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.training import data, skill
 from celeris.engine.training.corpus import load_austen
 from celeris.engine.training.objective import model_loss

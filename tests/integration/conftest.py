@@ -10,7 +10,8 @@ import pytest
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
-from celeris.server.app import ServerSettings, create_server
+from celeris.server.app import create_server
+from celeris.server.settings import ServerSettings
 
 
 @contextlib.asynccontextmanager

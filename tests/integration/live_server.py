@@ -13,7 +13,8 @@ import dataclasses
 import threading
 from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
-from celeris.server.app import CelerisServer, ServerSettings, create_server
+from celeris.server.app import CelerisServer, create_server
+from celeris.server.settings import ServerSettings
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ def oai(live: LiveServer, key: str = "unused") -> openai.OpenAI:
 
 
 def test_completions_match_grpc_and_share_its_scheduler(live):
-    assert live.server.http.scheduler is live.server.scheduler  # one batch for both front doors
+    assert live.server.http.engine is live.server.engine  # one batch for both front doors
     r = oai(live).completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=1)
     with CelerisClient(live.grpc_target) as c:  # max_tokens=16 fits as one 16-token block, 16 steps
         ref = c.generate(PROMPT, gen_length=16, block_length=16, steps=16, seed=1)

@@ -101,7 +101,7 @@ def test_a_port_in_use_prints_one_line_and_nothing_else(door, tiny_model_dir, tm
 def test_an_empty_api_key_is_an_error_at_start_not_auth_off(how, tiny_model_dir, tmp_path):
     """`CELERIS_API_TOKEN=` (a Secret with an empty value) or `--api-key ''` meant "require a key":
     serving without one would be a silent hole. One line, exit 2, nothing served."""
-    from celeris.server.app import ServerSettings
+    from celeris.server.settings import ServerSettings
     from tests.integration.server_process import ServerProcess
 
     proc = ServerProcess(tiny_model_dir, tmp_path / "unused.log", *(("--api-key", "") if how == "flag" else ()))

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celeris.engine.errors import EngineError
-from celeris.server.app import ServerSettings, create_server
+from celeris.server.app import create_server
+from celeris.server.settings import ServerSettings
 from celeris.server.errors import PortInUse
 from celeris.v1 import generation_pb2 as pb
 from tests.integration.live_server import live_server

@@ -134,7 +134,7 @@ def test_wordpiece_continuations_join_their_left_neighbour():
 
 
 def _event(canvas: list[int], committed: tuple[int, ...], settled: int, revising: bool, finished: bool = False):
-    from celeris.engine.loop.sequence import StepEvent
+    from celeris.engine.events import StepEvent
 
     return StepEvent(request_id="r", step=0, total_steps=4, block=0, num_blocks=2, canvas=tuple(canvas),
                      committed=committed, confidences=(0.5,) * len(committed), generated=(), visible=len(canvas),

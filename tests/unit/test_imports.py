@@ -242,6 +242,44 @@ def test_engine_has_no_import_circle():
 
 
 def test_engine_top_level_is_small():
-    """Everything else lives in a room (families/, loop/, sampling/, models/, structured/, parallel/, training/)."""
+    """Everything else lives in a room (families/, loop/, sampling/, models/, structured/, parallel/, training/):
+    the ground floor of DESIGN.md (events, serving, llm, requests, config, errors, tokenizer, detok),
+    threads.py and the package's __init__.py."""
     top = sorted(p.name for p in ENGINE.glob("*.py"))
-    assert len(top) <= 8, top
+    assert len(top) <= 10, top
+
+
+# ---------------------------------------------------------------- the server's door into the engine
+
+MAX_SERVER_ENGINE_MODULES = 5  # DESIGN.md: the server reaches the engine through its front
+
+
+def server_engine_imports(planted: str = "") -> dict[str, set[str]]:
+    """Engine module -> the server files that import it (at their top, inside functions, by string);
+    `planted`: one more server file's source (the check's own test)."""
+    mods = set(engine_graph())
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "server").rglob("*.py"))}
+    if planted:
+        sources["server/planted.py"] = planted
+    out: dict[str, set[str]] = {}
+    for name, text in sources.items():
+        for mod in imported_by(ast.parse(text, filename=name), mods):
+            out.setdefault(mod, set()).add(name)
+    return out
+
+
+def test_the_server_imports_at_most_five_engine_modules():
+    """The doors use the engine's front (`celeris.engine.serving`), what a request may say
+    (`requests`), what comes back (`events`) and what can go wrong (`errors`): never the loop,
+    the scheduler or a room's module."""
+    used = server_engine_imports()
+    assert len(used) <= MAX_SERVER_ENGINE_MODULES, "\n".join(f"{m}: {sorted(f)}" for m, f in sorted(used.items()))
+
+
+def test_the_server_import_count_sees_hidden_imports():
+    planted = ("def later():\n    from celeris.engine.loop.scheduler import Scheduler\n"
+               "    import importlib\n    return importlib.import_module('celeris.engine.models.prefix_cache')\n")
+    used = server_engine_imports(planted)
+    assert used["celeris.engine.loop.scheduler"] == {"server/planted.py"}
+    assert used["celeris.engine.models.prefix_cache"] == {"server/planted.py"}
+    assert len(used) == len(server_engine_imports()) + 2

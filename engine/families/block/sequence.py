@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from celeris.engine.families.sequence import DecodeSequence
-from celeris.engine.loop.sequence import FinishReason, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.sampling.schedule import transfer_schedule
 
 PREFILL, DENOISE, STORE = "prefill", "denoise", "store"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from celeris.engine.families.sequence import DecodeSequence
-from celeris.engine.loop.sequence import FinishReason, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.sampling.schedule import dream_transfer_count, transfer_schedule
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from celeris.engine.families.sequence import DecodeSequence
-from celeris.engine.loop.sequence import FinishReason, StepEvent
+from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.tokenizer import stop_cut
 
 

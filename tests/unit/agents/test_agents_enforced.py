@@ -17,7 +17,7 @@ from celeris.engine.agents.reasoning import REASONING_PARSERS
 from celeris.engine.agents.tools import ToolChoice, parse_tools
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import GRAMMAR, Structured
 from tests.unit.agent_schemas import FUNCTIONS, TOOLS

@@ -7,7 +7,7 @@ import torch
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.reference import reference_generate
 from celeris.engine.families.canvas.sequence import CanvasSequence
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 
 MASK, EOS = 3, 2
 

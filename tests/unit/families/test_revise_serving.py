@@ -16,7 +16,7 @@ from celeris.engine.errors import InvalidRequest, ModelLoadError  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
 from celeris.engine.families.revise.runner import ReviseRunner, revise_params  # noqa: E402
 from celeris.engine.families.revise.slots import generate  # noqa: E402
-from celeris.engine.loop.sequence import FinishReason  # noqa: E402
+from celeris.engine.events import FinishReason  # noqa: E402
 from tests.unit.revise_references.gemma_checkpoint import (  # noqa: E402
     reference_generate, reference_model, write_checkpoint, write_tokenizer)
 from tests.unit.gemma_helpers import PARAMS, PROMPTS, gen_kwargs  # noqa: E402

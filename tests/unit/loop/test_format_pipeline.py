@@ -127,7 +127,7 @@ def test_with_formatted_is_replace_of_that_one_field():
     field, and leaves the event it copies as it was."""
     import dataclasses
 
-    from celeris.engine.loop.sequence import FinishReason, StepEvent
+    from celeris.engine.events import FinishReason, StepEvent
 
     ev = StepEvent(request_id="r", step=3, total_steps=8, block=1, num_blocks=2, canvas=(5, 6, 0), committed=(1,),
                    confidences=(0.5,), generated=(5, 6), visible=3, settled=2, steps=4, forward_passes=4, seed=7,

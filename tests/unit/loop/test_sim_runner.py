@@ -11,7 +11,7 @@ import pytest
 from celeris.engine.families.registry import family_of
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.loop.sim_runner import SimulatedRunner, ordinary_tokens, simulate
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from tests.helpers import simulated_llm
 
 

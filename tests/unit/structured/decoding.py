@@ -8,7 +8,7 @@ from dataclasses import replace
 import jsonschema
 
 from celeris.engine.llm import LLM
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
 

@@ -16,7 +16,7 @@ import pytest
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.engine.requests import Request
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.structured.constraint import Structured
 
 NODE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "required": ["v"], "properties": {

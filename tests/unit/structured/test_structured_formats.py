@@ -16,7 +16,7 @@ import llguidance
 import pytest
 
 from celeris.engine.errors import InvalidRequest
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Compiler, Structured, StructureError
 from celeris.engine.structured.formats import exact_formats

@@ -14,7 +14,7 @@ import llguidance
 import pytest
 
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured.constraint import Structured
 
