@@ -134,6 +134,12 @@ class EngineConfig:
     # None: 2048 on CPU (its forward's time grows with its tokens); no limit on CUDA (a forward
     # of a few rows costs about what a full one does); 0: no limit.
     max_forward_tokens: Optional[int] = None
+    # Structured outputs' host work a step (engine/loop/fair_share.py): while several clients run, a
+    # step computes at most this many units of constraint masks (a constrained row's step is one unit
+    # a round of its masks, `families.selection.constraint_work`), each client at most its share
+    # (budget // clients, one row at least); its other rows wait a step, as over the token budget.
+    # 0: no limit. One client alone is never limited (nobody waits on its masks).
+    constraint_budget: int = 16
     # engine/parallel: ranks the model is split over (1: this process alone), experts whole per
     # rank instead of sliced, and how long a collective may wait before a rank counts as hung.
     tensor_parallel_size: int = 1

@@ -78,6 +78,13 @@ def structure_row(constraint: Optional[Constraint], first: int, width: int, W: i
     return ConstraintRow(constraint, tuple(first + j if j < width else -1 for j in range(W)), chain_rounds(params))
 
 
+def constraint_work(constraint: Optional[Constraint], params: SamplingParams) -> int:
+    """A row's host constraint work in its next step, in the loop's units (`StepRunner.
+    row_constraint_work`): one a round of token masks, its front's and each chained one's
+    (`chain_rounds`); 0 unconstrained."""
+    return 0 if constraint is None else 1 + chain_rounds(params)
+
+
 def chain_rounds(p: SamplingParams) -> int:
     """Positions a slot commits this step past its front, left to right, each under its mask
     after the one before is taken (`chained`): a constrained request keeps the pace the request

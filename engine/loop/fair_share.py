@@ -22,6 +22,13 @@ client key `Scheduler.submit_group` was given):
   simulated runner always. The block (SDAR, LLaDA2) and revise (DiffusionGemma) runners keep
   per-slot caches that a reload would recompute with different rounding, so they never preempt:
   there an owner's further samples wait (admission above) but running ones keep their slots.
+- Constraint work (`within_constraint_budget`, applied by `StepLoop.next_batch` to the rows that
+  step): a structured row's token masks are host work its step waits for, and so does every row
+  sharing the step. With O owners running, an owner's constrained rows spend at most its share,
+  max(1, budget // O), of the runner's `constraint_budget` units a step (one row at least, so it
+  always progresses); its other constrained rows wait for a later step, those that waited longest
+  first, exactly as rows over the forward's token budget do. Unconstrained rows and one owner
+  alone are never held back.
 Token identity: a sample's draws are keyed by its seed, its step count and the canvas position
 (engine/sampling/select.py), and its logits do not depend on its batch or slot, so when it ran, how long
 it waited and how often it was preempted change none of its tokens.
@@ -112,6 +119,28 @@ def _victims(running: list[Sequence], held: collections.Counter, wanted: collect
     return victims
 
 
+def within_constraint_budget(rows: list[Sequence], work: Callable[[Sequence], int], budget: Optional[int],
+                             owners: int) -> list[Sequence]:
+    """`rows` (a step's batch, in order) less the constrained rows (`work(row)` > 0 units) past
+    their owner's share of `budget` while `owners` (> 1) run; the rest keep their order. Per owner
+    its constrained rows that waited longest (`Sequence.skipped`, then the oldest ticket) go
+    first, while their units fit its share; the first always does."""
+    if budget is None or owners < 2:
+        return rows
+    cost = {id(s): work(s) for s in rows}
+    if not any(cost.values()):
+        return rows
+    fair = share(budget, owners)
+    spent: collections.Counter = collections.Counter()
+    held: set[int] = set()
+    for s in sorted((s for s in rows if cost[id(s)]), key=lambda s: (-s.skipped, s.ticket)):
+        if spent[s.owner] and spent[s.owner] + cost[id(s)] > fair:
+            held.add(id(s))
+        else:
+            spent[s.owner] += cost[id(s)]
+    return [s for s in rows if id(s) not in held]
+
+
 def requeue(waiting: collections.deque, seen: int, admits: list[Sequence], victims: list[Sequence]) -> None:
     """Take `admits` out of `waiting`, whose first `seen` entries were the snapshot `plan` read,
     and put the `victims` not admitted back at its head. The event loop appends to `waiting`
@@ -126,4 +155,4 @@ def requeue(waiting: collections.deque, seen: int, admits: list[Sequence], victi
     waiting.extendleft(reversed(keep))
 
 
-__all__ = ["plan", "requeue", "share"]
+__all__ = ["plan", "requeue", "share", "within_constraint_budget"]

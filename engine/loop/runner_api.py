@@ -58,7 +58,7 @@ class StepStats:
 
 class StepRunner(abc.ABC):
     """What `StepLoop` needs of a runner: four methods every runner writes, its `slots` and
-    `forward_overhead_tokens`, and four optional members whose defaults are here (a runner
+    `forward_overhead_tokens`, and six optional members whose defaults are here (a runner
     overrides those it has; the loop reads them all, never probing)."""
 
     slots: int  # rows of device state: at most this many requests run at once
@@ -74,6 +74,15 @@ class StepRunner(abc.ABC):
     # share of the slots (engine/loop/fair_share.py). None: this runner never preempts (and the
     # fair share skips looking for samples to preempt).
     resumable: Optional[Callable[[Sequence], bool]] = None
+    # The most units of host constraint work (`row_constraint_work`) one step computes while
+    # several owners run; each owner's share of it is `fair_share.share` (engine/loop/fair_share.py).
+    # None: no bound.
+    constraint_budget: Optional[int] = None
+
+    def row_constraint_work(self, seq: Sequence) -> int:
+        """Units of host work this row's next step spends on its constraint (structured outputs:
+        one unit a round of its token masks); 0, the default, for a row with none."""
+        return 0
 
     @abc.abstractmethod
     def row_tokens(self, seq: Sequence) -> int:
@@ -102,8 +111,9 @@ class StepRunner(abc.ABC):
 
 
 class ConfigCosts(StepRunner):
-    """A runner whose two cost knobs are read from its EngineConfig (`self.config`): what one
-    more forward costs in tokens, and the most tokens one forward may compute."""
+    """A runner whose cost knobs are read from its EngineConfig (`self.config`): what one more
+    forward costs in tokens, the most tokens one forward may compute, and the constraint work a
+    step may do while several owners run."""
 
     config: Any
 
@@ -114,6 +124,10 @@ class ConfigCosts(StepRunner):
     @property
     def forward_token_budget(self) -> Optional[int]:
         return self.config.forward_token_budget
+
+    @property
+    def constraint_budget(self) -> Optional[int]:
+        return self.config.constraint_budget or None
 
 
 def read_queued(reads: list[tuple[Seq[int], Callable[[], list[RowResult]]]], n: int,

@@ -134,7 +134,9 @@ class StepLoop:
         """The running requests that step now: of each kind of forward the runner will run (a KV
         cache's refresh or cached step, a block model's prefill or denoise), one group of
         like-length rows (engine/loop/batching.py). Kinds run as separate forwards of the same step
-        whatever the grouping, so holding one kind back for another would only cost a step."""
+        whatever the grouping, so holding one kind back for another would only cost a step. While
+        several owners run, each one's constrained rows keep to its share of the step's constraint
+        work (`fair_share.within_constraint_budget`)."""
         kinds: dict[object, list[Sequence]] = {}
         for seq in self.running:
             kinds.setdefault(self.runner.forward_kind(seq), []).append(seq)
@@ -142,7 +144,9 @@ class StepLoop:
         for rows in kinds.values():
             groups = partition(rows, self.runner.row_tokens, self.overhead)
             batch += self._within_budget(groups[0] if len(groups) == 1 else self.picker.pick(groups))
-        return batch
+        owners = len({s.owner for s in self.running})
+        return fair_share.within_constraint_budget(batch, self.runner.row_constraint_work,
+                                                   self.runner.constraint_budget, owners)
 
     def _within_budget(self, group: Group[Sequence]) -> list[Sequence]:
         """A group's rows, at most the runner's token budget of them in one forward: a larger

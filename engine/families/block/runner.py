@@ -42,7 +42,7 @@ from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.transformer import MaskPredictor
 from celeris.engine.models.moe import ROW_ALIGN, MoE
 from celeris.engine.models.prefix_cache import slot_prefixes
-from celeris.engine.families.selection import SelectionInput, select_step, structure_row
+from celeris.engine.families.selection import SelectionInput, constraint_work, select_step, structure_row
 from celeris.engine.loop.runner_api import EMPTY, ConfigCosts, RowResult, StepStats, read_queued
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 
@@ -97,6 +97,11 @@ class BlockRunner(ConfigCosts):
         (attention reads it): the scheduler's cost estimate."""
         start, end = s.window
         return end - start + start // 32
+
+    @staticmethod
+    def row_constraint_work(s: BlockSequence) -> int:
+        """Masks only where the row denoises (a prefill chunk selects nothing)."""
+        return constraint_work(s.constraint if s.denoising else None, s.params)
 
     @staticmethod
     def forward_kind(s: BlockSequence) -> bool:

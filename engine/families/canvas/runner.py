@@ -29,7 +29,7 @@ from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
 from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.models.transformer import MaskPredictor
-from celeris.engine.families.selection import SelectionInput, select_step, structure_row
+from celeris.engine.families.selection import SelectionInput, constraint_work, select_step, structure_row
 from celeris.engine.loop.runner_api import ConfigCosts, RowResult, StepStats, read_queued
 from celeris.engine.sampling.batch import RowKnobs, SamplingBatch, Window
 from celeris.engine.families.canvas.sequence import CanvasSequence
@@ -106,6 +106,9 @@ class Runner(ConfigCosts):
         if mode.startswith("cached-dual"):
             return s.params.block_length + 1
         return s.length * (2 if mode == "cfg" else 1)
+
+    def row_constraint_work(self, s: CanvasSequence) -> int:
+        return constraint_work(s.constraint, s.params)
 
     def forward_kind(self, s: CanvasSequence) -> str:
         """The forward this row's next step joins (`step` runs one per kind): the scheduler

@@ -5,6 +5,7 @@ whether it was preempted or how long it waited."""
 from __future__ import annotations
 
 import collections
+import types
 from typing import Optional
 
 import pytest
@@ -141,3 +142,21 @@ def test_preempted_samples_of_the_real_model_decode_as_they_do_alone(tiny_llm, k
     again = [tiny_llm.sequence(list(s.prompt), s.params, s.request_id) for s in a]
     without_b = _run(StepLoop(tiny_llm.runner, 64), again, [])
     assert all(out[s.request_id][2] == without_b[s.request_id][2] for s in a)
+
+
+def _row(owner: str, ticket: int, work: int, skipped: int = 0):
+    return types.SimpleNamespace(owner=owner, ticket=ticket, work=work, skipped=skipped)
+
+
+def test_constraint_budget_keeps_each_owner_to_its_share_longest_waiting_first():
+    a = [_row("a", t, 3, skipped=t % 2) for t in range(1, 9)]  # 8 structured rows of 3 units
+    b = [_row("b", 20, 0), _row("b", 21, 3)]
+    rows = a + b
+    kept = fair_share.within_constraint_budget(rows, lambda s: s.work, 16, owners=2)
+    assert [s.ticket for s in kept if s.owner == "a"] == [1, 3]  # 8 units each: the two that waited
+    assert b[0] in kept and b[1] in kept  # b's one structured row fits; a plain row never waits
+    assert [s.ticket for s in kept] == sorted(s.ticket for s in kept)  # the batch's order kept
+    one = fair_share.within_constraint_budget(a, lambda s: s.work, 2, owners=2)
+    assert len(one) == 1  # a share below one row's work still steps one row
+    assert fair_share.within_constraint_budget(a, lambda s: s.work, 16, owners=1) == a  # alone: unlimited
+    assert fair_share.within_constraint_budget(rows, lambda s: s.work, None, owners=2) == rows
