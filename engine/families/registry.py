@@ -9,11 +9,11 @@ its card's rule and defaults under its row's kind. Adding an architecture is one
 family's folder, listed by its row; adding a family is a folder beside canvas/, block/ and revise/
 and one row here (docs/architecture.md).
 
-| row    | kind   | cards                  | runner       | request state    |
-|--------|--------|------------------------|--------------|------------------|
-| revise | revise | DiffusionGemma         | ReviseRunner | RevisingSequence |
-| block  | block  | SDAR, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
-| canvas | full   | LLaDA, Dream           | Runner       | CanvasSequence   |
+| row    | kind   | cards                            | runner       | request state    |
+|--------|--------|----------------------------------|--------------|------------------|
+| revise | revise | DiffusionGemma                   | ReviseRunner | RevisingSequence |
+| block  | block  | SDAR, LLaDA2.2, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
+| canvas | full   | LLaDA, Dream                     | Runner       | CanvasSequence   |
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ class Row:
 def _load_masked(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     """A mask model (canvas or block family), on this process or over tensor/expert-parallel workers."""
     cfg = card.parse(read_json(folder, "config.json", required=True), folder.resolve().name)
+    if cfg.delete_token_id >= 0:  # LLaDA2.2: generation_config.json lists its two stop ids
+        cfg = replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + generation_eos(folder))))
     ckpt = Checkpoint(folder, cfg, card.tensor_name)
     if config.tensor_parallel_size != 1 or config.expert_parallel:
         from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
