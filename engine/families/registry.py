@@ -206,7 +206,7 @@ def family_of(cfg: Any) -> Family:
     row = next(r for r in ROWS if card in r.cards)
     length = getattr(cfg, "canvas_length", 0) if row.kind == REVISE else cfg.block_length if row.kind == BLOCK else 0
     rule = card.rule(cfg.mask_token_id) if card.rule is not None else None
-    return Family(card.name, row.kind, rule, length, card.edits, card.defaults)
+    return Family(card.name, row.kind, rule, length, card.edits, card.defaults, getattr(cfg, "routing_block", 0))
 
 
 __all__ = ["ROWS", "Row", "card_named", "card_of", "claim", "claim_card", "family_of", "first_card", "known_architectures", "load",

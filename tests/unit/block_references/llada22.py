@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from tests.unit.block_references.checkpoints import EOS_ID, write_llada2_checkpoint
-from tests.unit.block_references.modeling import LLaDA2Model
+from tests.unit.block_references.modeling import LLaDA2Model, block_causal_mask
 
 # The tiny checkpoints' edit ids: ordinary ids of the vocabulary (as 156930/156931 are on flash),
 # and a second stop id (flash lists <|endoftext|> and <|role_end|>).
@@ -65,3 +66,146 @@ def write_llada22_checkpoint(folder: Path, seed: int = 0, **overrides) -> Path:
     gen["eos_token_id"] = [EOS_ID, ROLE_END_ID]
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return folder
+
+
+# ------------------------------------------------------------------ the joint decode, as published
+
+
+class JointResult(NamedTuple):
+    forwards: int  # forwards run on the block
+    escapes: int  # anti-loop re-picks (0: the random draw never ran)
+
+
+def _consume(written: list[int], before: list[int], original: list[bool], mask: int, delete: int,
+             split: int) -> tuple[list[int], list[bool]]:
+    """`_apply_edit_operations_with_tracking` as described: a scan left to right; DELETE drops its
+    position, SPLIT expands to [mask, the position's pre-step token]; then cut or mask-padded to
+    the block's length; inserted and padded masks are not original."""
+    toks, flags = [], []
+    for t, old, o in zip(written, before, original):
+        if t == delete:
+            continue
+        if t == split:
+            toks.extend([mask, old])
+            flags.extend([False, o])
+        else:
+            toks.append(t)
+            flags.append(o)
+    n = len(written)
+    while len(toks) < n:
+        toks.append(mask)
+        flags.append(False)
+    return toks[:n], flags[:n]
+
+
+def joint_decode_block(block_logits: Callable[[torch.Tensor, int], torch.Tensor], x: torch.Tensor, lo: int,
+                       hi: int, *, steps: int, threshold: float, editing_threshold: float, max_post_steps: int,
+                       mask: int, delete: int, split: int, max_steps_per_block: int = 1000,
+                       draw: Optional[Callable[[list[int]], int]] = None) -> JointResult:
+    """`_joint_decode_block` at temperature 0 (batch 1), written from its published description,
+    in place on x (1-D): the loop's shape is the reference's (budget checked at the top of an
+    iteration, before its forward). `block_logits(x, hi)` -> the block's (hi - lo, V) logits.
+    `draw(changed positions)` stands for its torch.randint (None: it must never choose among
+    several positions; with one the choice is forced)."""
+    b = hi - lo
+    entry = x[lo:hi].clone()
+    prompt = entry != mask  # the reference's prompt: what is not a mask on entry
+    original = (entry == mask).tolist()
+    n0 = sum(original)
+    schedule = [n0 // steps + (1 if s < n0 % steps else 0) for s in range(steps)]
+    post_steps = forwards = escapes = 0
+    seen: set[tuple[int, ...]] = set()
+    for step in range(max_steps_per_block):
+        block = x[lo:hi].clone()
+        masked = block == mask
+        orig_left = int((masked & torch.tensor(original)).sum())
+        post_steps = post_steps + 1 if orig_left == 0 else 0
+        if not masked.any() and post_steps > max_post_steps:
+            break
+        logits = block_logits(x, hi)
+        forwards += 1
+        probs = torch.softmax(logits.float(), dim=-1)
+        p, x0 = probs.max(dim=-1)
+        fill = torch.zeros(b, dtype=torch.bool)
+        if masked.any():
+            conf = torch.where(masked, p, torch.tensor(float("-inf")))
+            if step >= steps:
+                fill = masked.clone()
+            else:
+                need = schedule[step] + int(masked.sum()) - orig_left
+                high = (conf > threshold) & masked
+                if int(high.sum()) >= need:
+                    fill = high
+                else:
+                    fill[conf.topk(min(need, int(masked.sum()))).indices] = True
+        edit = ~masked & ~prompt & (p > editing_threshold) & (x0 != block)
+        originals_unfilled = bool((masked & torch.tensor(original) & ~fill).any())
+        final = not originals_unfilled and post_steps + 1 > max_post_steps
+        if final:  # the last round: resolve every mask, write no edit token
+            fill = masked.clone()
+            for i in range(b):
+                if (fill[i] or edit[i]) and int(x0[i]) in (delete, split):
+                    row = logits[i].float().clone()
+                    row[[delete, split]] = float("-inf")
+                    x0[i] = row.argmax()
+        written = torch.where(fill | edit, x0, block).tolist()
+        if not final and tuple(written) in seen:
+            for _ in range(5):
+                changed = [i for i in range(b) if written[i] != int(block[i])]
+                if not changed:
+                    break
+                if len(changed) > 1:  # torch.randint over the changed positions
+                    assert draw is not None, "the anti-loop drew among several positions"
+                i = changed[draw(changed)] if len(changed) > 1 else changed[0]
+                row = logits[i].float().clone()
+                row[written[i]] = float("-inf")
+                written[i] = int(torch.softmax(row, -1).argmax())
+                escapes += 1
+                if tuple(written) not in seen:
+                    break
+        seen.add(tuple(written))
+        new, original = _consume(written, block.tolist(), original, mask, delete, split)
+        x[lo:hi] = torch.tensor(new)
+        if mask not in new and new == block.tolist():
+            break
+    return JointResult(forwards, escapes)
+
+
+class Llada22Result(NamedTuple):
+    ids: list[int]  # x[P : P + gen_length] cut after the first stop id, as published
+    forwards: int
+    blocks: int
+    escapes: int
+
+
+@torch.no_grad()
+def llada22_generate(model: LLaDA22Model, prompt_ids: Sequence[int], gen_length: int, block_length: int = 32,
+                     steps: int = 32, threshold: float = 0.5, editing_threshold: float = 0.0,
+                     max_post_steps: int = 16, mask_id: int = 3, eos_ids: tuple[int, ...] = (EOS_ID,),
+                     draw: Optional[Callable[[list[int]], int]] = None) -> Llada22Result:
+    """LLaDA2.2's generate at temperature 0 (batch 1): LLaDA2.0's canvas and block alignment, each
+    block by `joint_decode_block` over the window x[:end] recomputed block-causally every forward;
+    after a block with no mask left in the generated part and a stop id in it, the loop stops."""
+    P, b = len(prompt_ids), block_length
+    num_blocks = (P + gen_length + b - 1) // b
+    x = torch.full((num_blocks * b,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(list(prompt_ids), dtype=torch.long)
+    forwards = blocks = escapes = 0
+    c = model.cfg
+
+    def block_logits(x: torch.Tensor, hi: int) -> torch.Tensor:
+        logits, _ = model.forward(x[None, :hi], torch.arange(hi), None, block_causal_mask(0, hi, hi, b))
+        return logits[0, -b:]
+
+    for blk in range(P // b, num_blocks):
+        lo, hi = blk * b, (blk + 1) * b
+        r = joint_decode_block(block_logits, x, lo, hi, steps=steps, threshold=threshold,
+                               editing_threshold=editing_threshold, max_post_steps=max_post_steps, mask=mask_id,
+                               delete=c["delete_token_id"], split=c["split_token_id"], draw=draw)
+        forwards, escapes, blocks = forwards + r.forwards, escapes + r.escapes, blocks + 1
+        gen = x[P:hi].tolist()
+        if mask_id not in gen and any(t in eos_ids for t in gen):
+            break
+    out = x[P:P + gen_length].tolist()
+    stop = next((i for i, t in enumerate(out) if t in eos_ids), None)
+    return Llada22Result(out if stop is None else out[:stop + 1], forwards, blocks, escapes)
