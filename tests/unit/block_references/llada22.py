@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from tests.unit.block_references.checkpoints import EOS_ID, write_llada2_checkpoint
 from tests.unit.block_references.modeling import LLaDA2Model, block_causal_mask
@@ -59,9 +60,14 @@ class LLaDA22Model(LLaDA2Model):
                                  c["expert_capacity"], self.top_k, self.scaling)
 
 
-def write_llada22_checkpoint(folder: Path, seed: int = 0, **overrides) -> Path:
-    """A random LLaDA2.2-format folder: LLaDA2's tensors, LLaDA2.2's config keys, two stop ids."""
+def write_llada22_checkpoint(folder: Path, seed: int = 0, edit_scale: float = 1.0, **overrides) -> Path:
+    """A random LLaDA2.2-format folder: LLaDA2's tensors, LLaDA2.2's config keys, two stop ids.
+    `edit_scale` scales the output head's DELETE and SPLIT rows, so a random model writes them."""
     folder = write_llada2_checkpoint(folder, seed, torch.float32, **(LLADA22_KEYS | overrides))
+    if edit_scale != 1.0:
+        tensors = load_file(str(folder / "model.safetensors"))
+        tensors["lm_head.weight"][[DELETE_ID, SPLIT_ID]] *= edit_scale
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     gen = json.loads((folder / "generation_config.json").read_text())
     gen["eos_token_id"] = [EOS_ID, ROLE_END_ID]
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
@@ -74,6 +80,7 @@ def write_llada22_checkpoint(folder: Path, seed: int = 0, **overrides) -> Path:
 class JointResult(NamedTuple):
     forwards: int  # forwards run on the block
     escapes: int  # anti-loop re-picks (0: the random draw never ran)
+    edit_ops: int  # DELETE and SPLIT tokens consumed
 
 
 def _consume(written: list[int], before: list[int], original: list[bool], mask: int, delete: int,
@@ -113,7 +120,7 @@ def joint_decode_block(block_logits: Callable[[torch.Tensor, int], torch.Tensor]
     original = (entry == mask).tolist()
     n0 = sum(original)
     schedule = [n0 // steps + (1 if s < n0 % steps else 0) for s in range(steps)]
-    post_steps = forwards = escapes = 0
+    post_steps = forwards = escapes = edit_ops = 0
     seen: set[tuple[int, ...]] = set()
     for step in range(max_steps_per_block):
         block = x[lo:hi].clone()
@@ -164,11 +171,12 @@ def joint_decode_block(block_logits: Callable[[torch.Tensor, int], torch.Tensor]
                 if tuple(written) not in seen:
                     break
         seen.add(tuple(written))
+        edit_ops += sum(t in (delete, split) for t in written)
         new, original = _consume(written, block.tolist(), original, mask, delete, split)
         x[lo:hi] = torch.tensor(new)
         if mask not in new and new == block.tolist():
             break
-    return JointResult(forwards, escapes)
+    return JointResult(forwards, escapes, edit_ops)
 
 
 class Llada22Result(NamedTuple):
@@ -176,6 +184,7 @@ class Llada22Result(NamedTuple):
     forwards: int
     blocks: int
     escapes: int
+    edit_ops: int
 
 
 @torch.no_grad()
@@ -190,7 +199,7 @@ def llada22_generate(model: LLaDA22Model, prompt_ids: Sequence[int], gen_length:
     num_blocks = (P + gen_length + b - 1) // b
     x = torch.full((num_blocks * b,), mask_id, dtype=torch.long)
     x[:P] = torch.tensor(list(prompt_ids), dtype=torch.long)
-    forwards = blocks = escapes = 0
+    forwards = blocks = escapes = edit_ops = 0
     c = model.cfg
 
     def block_logits(x: torch.Tensor, hi: int) -> torch.Tensor:
@@ -203,9 +212,10 @@ def llada22_generate(model: LLaDA22Model, prompt_ids: Sequence[int], gen_length:
                                editing_threshold=editing_threshold, max_post_steps=max_post_steps, mask=mask_id,
                                delete=c["delete_token_id"], split=c["split_token_id"], draw=draw)
         forwards, escapes, blocks = forwards + r.forwards, escapes + r.escapes, blocks + 1
+        edit_ops += r.edit_ops
         gen = x[P:hi].tolist()
         if mask_id not in gen and any(t in eos_ids for t in gen):
             break
     out = x[P:P + gen_length].tolist()
     stop = next((i for i, t in enumerate(out) if t in eos_ids), None)
-    return Llada22Result(out if stop is None else out[:stop + 1], forwards, blocks, escapes)
+    return Llada22Result(out if stop is None else out[:stop + 1], forwards, blocks, escapes, edit_ops)
