@@ -68,9 +68,11 @@ class Row:
         params, extra = self.shape(params, family, config)
         return self.sequence(request_id, prompt, params, **extra, **fields)
 
-    def warmup_params(self) -> SamplingParams:
-        """One tiny generation through the real path, so the first user request is not the slow one."""
-        return replace(SamplingParams(gen_length=1, steps=1, block_length=1, seed=0), **dict(self.warmup))
+    def warmup_params(self, family: Optional[Family] = None) -> SamplingParams:
+        """One tiny generation through the real path, so the first user request is not the slow one
+        (one routing block where the family's experts are chosen per block, LLaDA2.2's)."""
+        n = family.routing_block if family is not None and family.routing_block else 1
+        return replace(SamplingParams(gen_length=n, steps=1, block_length=n, seed=0), **dict(self.warmup))
 
 
 # ------------------------------------------------------------------ loading
