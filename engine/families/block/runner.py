@@ -36,7 +36,7 @@ from celeris.engine.models.attention import Spans
 from celeris.engine.families.block.sequence import PREFILL, BlockSequence
 from celeris.engine.models.cache import BlockCache, BlockKVStore
 from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
-from celeris.engine.families.block.joint import edit_ids, joint_results
+from celeris.engine.families.block.levenshtein import edit_ids, joint_results
 from celeris.engine.config import EngineConfig
 from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
@@ -253,7 +253,7 @@ class BlockRunner(ConfigCosts):
     def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
                 slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:
         """Commit tokens in the denoise rows' blocks, as the published loops choose them: LLaDA2.2's
-        joint decode row by row (block/joint.py), the others in one selection; the call that
+        joint decode row by row (block/levenshtein.py), the others in one selection; the call that
         reads the rows' results."""
         joint = [r for r, s in enumerate(rows) if s.joint_ids is not None and s.denoising]
         if not joint:
