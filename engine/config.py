@@ -53,6 +53,15 @@ class ModelConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # Block-routed gate (LLaDA2.2): each `routing_block` tokens of a row share their top
+    # `expert_capacity` experts, then top-k per token within them (0: the grouped gate).
+    expert_capacity: int = 0
+    routing_block: int = 0
+    # Levenshtein edit tokens (LLaDA2.2): ordinary vocabulary ids a step may write to delete a
+    # position or split it in two (engine/families/block/levenshtein.py); -1: none.
+    delete_token_id: int = -1
+    split_token_id: int = -1
+    eos_token_ids: tuple[int, ...] = ()  # further stop ids (generation_config.json may list several)
     rope_fp32: bool = True  # rotate q/k in fp32 (LLaDA's `rope_full_precision`), else in the model dtype
     logit_shift: bool = False  # position p is predicted from hidden state p-1 (Dream: AR-initialised)
 

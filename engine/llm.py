@@ -174,7 +174,7 @@ class LLM:
     @property
     def warmup_params(self) -> SamplingParams:
         """The server's warm-up request: one tiny generation of this family."""
-        return self.row.warmup_params()
+        return self.row.warmup_params(self.family)
 
     def result(self, seq: DecodeSequence) -> Result:
         ids = seq.generated()

@@ -36,6 +36,7 @@ class Family:
     block_length: int = 0  # the trained block size of a block family (a revising one's canvas length)
     edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
     defaults: tuple[tuple[str, Any], ...] = ()  # its card's published defaults, over the kind's
+    routing_block: int = 0  # a block-routed MoE's block (LLaDA2.2): block lengths are multiples of it
 
     @property
     def block(self) -> bool:
@@ -93,6 +94,9 @@ class Family:
                                                            "is LLaDA2.1's"))
         if not self.block:
             return bad
+        if self.routing_block and p.block_length % self.routing_block:
+            bad.append(FieldViolation("block_length", f"must be a multiple of {self.routing_block}: this model's "
+                                                      f"experts are chosen per {self.routing_block}-token block"))
         if p.kv_cache not in (None, "none"):
             bad.append(FieldViolation("kv_cache", "block-diffusion models always decode over their exact block "
                                                   "cache; prefix/dual are full-canvas approximations"))

@@ -9,11 +9,11 @@ its card's rule and defaults under its row's kind. Adding an architecture is one
 family's folder, listed by its row; adding a family is a folder beside canvas/, block/ and revise/
 and one row here (docs/architecture.md).
 
-| row    | kind   | cards                  | runner       | request state    |
-|--------|--------|------------------------|--------------|------------------|
-| revise | revise | DiffusionGemma         | ReviseRunner | RevisingSequence |
-| block  | block  | SDAR, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
-| canvas | full   | LLaDA, Dream           | Runner       | CanvasSequence   |
+| row    | kind   | cards                            | runner       | request state    |
+|--------|--------|----------------------------------|--------------|------------------|
+| revise | revise | DiffusionGemma                   | ReviseRunner | RevisingSequence |
+| block  | block  | SDAR, LLaDA2.2, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
+| canvas | full   | LLaDA, Dream                     | Runner       | CanvasSequence   |
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ class Row:
         params, extra = self.shape(params, family, config)
         return self.sequence(request_id, prompt, params, **extra, **fields)
 
-    def warmup_params(self) -> SamplingParams:
-        """One tiny generation through the real path, so the first user request is not the slow one."""
-        return replace(SamplingParams(gen_length=1, steps=1, block_length=1, seed=0), **dict(self.warmup))
+    def warmup_params(self, family: Optional[Family] = None) -> SamplingParams:
+        """One tiny generation through the real path, so the first user request is not the slow one
+        (one routing block where the family's experts are chosen per block, LLaDA2.2's)."""
+        n = family.routing_block if family is not None and family.routing_block else 1
+        return replace(SamplingParams(gen_length=n, steps=1, block_length=n, seed=0), **dict(self.warmup))
 
 
 # ------------------------------------------------------------------ loading
@@ -79,6 +81,8 @@ class Row:
 def _load_masked(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     """A mask model (canvas or block family), on this process or over tensor/expert-parallel workers."""
     cfg = card.parse(read_json(folder, "config.json", required=True), folder.resolve().name)
+    if cfg.delete_token_id >= 0:  # LLaDA2.2: generation_config.json lists its two stop ids
+        cfg = replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + generation_eos(folder))))
     ckpt = Checkpoint(folder, cfg, card.tensor_name)
     if config.tensor_parallel_size != 1 or config.expert_parallel:
         from celeris.engine.parallel.launch import start  # worker processes, torch.distributed
@@ -204,7 +208,7 @@ def family_of(cfg: Any) -> Family:
     row = next(r for r in ROWS if card in r.cards)
     length = getattr(cfg, "canvas_length", 0) if row.kind == REVISE else cfg.block_length if row.kind == BLOCK else 0
     rule = card.rule(cfg.mask_token_id) if card.rule is not None else None
-    return Family(card.name, row.kind, rule, length, card.edits, card.defaults)
+    return Family(card.name, row.kind, rule, length, card.edits, card.defaults, getattr(cfg, "routing_block", 0))
 
 
 __all__ = ["ROWS", "Row", "card_named", "card_of", "claim", "claim_card", "family_of", "first_card", "known_architectures", "load",

@@ -68,11 +68,13 @@ class SamplingParams:
     threshold: Optional[float] = knob(None, "confidence-threshold parallel decoding (Fast-dLLM), in (0, 1]", only=MASK)
     factor: Optional[float] = knob(None, "Fast-dLLM factor rule (> 0)", only=MASK)
     editing_threshold: Optional[float] = knob(
-        None, "token editing (LLaDA2.1 only): a written token of the current block is replaced when the model's "
-              "pick there differs and its probability is > this, in [0, 1]; 1: off (default: LLaDA2.1's 0.9)",
+        None, "token editing (LLaDA2.1, LLaDA2.2): a written token of the current block is replaced when the "
+              "model's pick there differs and its probability is > this, in [0, 1]; LLaDA2.2's pick may delete or "
+              "split the position; 1: off (default: LLaDA2.1's 0.9, LLaDA2.2's 0.0)",
         only=MASK)
     max_post_steps: int = knob(16, "token editing: at most this many extra steps per block after its last mask is "
-                                   "filled, while edits go on", only=MASK)
+                                   "filled, while edits go on (LLaDA2.2: after its last original mask; the count "
+                                   "restarts while an edit leaves one)", only=MASK)
     factor_rule: str = knob("fast_dllm", "fast_dllm: as Fast-dLLM's published code; paper: the paper's formula",
                             only=MASK)
     schedule: str = knob("llada", "tokens per step of the fixed schedule: llada (even split per block) or dream "

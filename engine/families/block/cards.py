@@ -1,10 +1,13 @@
-"""The block family's architectures: SDAR, LLaDA2.0 and LLaDA2.1 (engine/families/card.py).
+"""The block family's architectures: SDAR, LLaDA2.0, LLaDA2.1 and LLaDA2.2 (engine/families/card.py).
 
 SDAR (JetAstra) is the Qwen3 layout (q/k norms, GQA, explicit head_dim) trained in blocks; celeris
 writes its own block model (celeris-tiny-block) in SDAR's format. LLaDA2.x (inclusionAI) is MoE with
 shared experts and a grouped sigmoid router, block 32. LLaDA2.1's config.json is LLaDA2.0's: what
 marks its folder is the generate() it ships (`edits_tokens`), whose loop may replace tokens it wrote.
-All three sample as published: x0 from the softmax, float32 confidences, a dynamic threshold.
+LLaDA2.2's config.json names its architecture LLaDA2.1's way; what marks it is its two edit
+tokens (`delete_token_id`, `split_token_id`), which its loop may write (block/levenshtein.py), and
+its block-routed gate (`expert_capacity`, `block_size`: engine/models/moe.py), which any LLaDA2
+config that sets them gets. All sample as published: x0 from the softmax, float32 confidences.
 """
 
 from __future__ import annotations
@@ -112,7 +115,13 @@ def _llada2(card: ArchCard, raw: dict[str, Any], name: str) -> ModelConfig:
         moe_hidden_size=int(raw.get("moe_intermediate_size") or 0),
         first_dense_layers=int(raw.get("first_k_dense_replace", 0)), n_group=int(raw.get("n_group", 8)),
         topk_group=int(raw.get("topk_group", 4)), routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
+        expert_capacity=int(raw.get("expert_capacity") or 0), routing_block=int(raw.get("block_size") or 0),
+        delete_token_id=_optional_id(raw, "delete_token_id"), split_token_id=_optional_id(raw, "split_token_id"),
         name=str(raw.get("name", name)))
+
+
+def _optional_id(raw: dict[str, Any], key: str) -> int:
+    return -1 if raw.get(key) is None else int(raw[key])
 
 
 def edits_tokens(folder: Path) -> bool:
@@ -133,6 +142,11 @@ def _is_llada2(raw: dict[str, Any]) -> bool:
     return raw.get("model_type") == "llada2_moe" or names_any(raw, "LLaDA2MoeModelLM")
 
 
+def _is_llada22(raw: dict[str, Any]) -> bool:
+    """LLaDA2.2: a LLaDA2 config that names both edit tokens."""
+    return _is_llada2(raw) and raw.get("delete_token_id") is not None and raw.get("split_token_id") is not None
+
+
 SDAR = ArchCard(
     name="sdar", architectures=("SDARForCausalLM",),
     claims=lambda raw, folder: raw.get("model_type") == "sdar" or names_any(raw, "SDARForCausalLM"),
@@ -140,6 +154,12 @@ SDAR = ArchCard(
     traits=(("rope_fp32", False), ("qk_norm", True)),
     writes=_sdar_json, published_name=functools.partial(published, SDAR_PUBLISHED, "SDAR"))
 _LLADA2_TRAITS = (("rope_fp32", False), ("logits_fp32", True), ("block_length", 32))  # it returns float32 logits
+LLADA22 = ArchCard(
+    name="llada2.2", architectures=("LLaDA2MoeModelLM",), claims=lambda raw, folder: _is_llada22(raw),
+    parse=lambda raw, name: _llada2(LLADA22, raw, name), tensor_name=renamer(LLADA2_NAMES), rule=BLOCK_RULE,
+    # Its published generate(): threshold 0.5, editing_threshold 0.0, steps 32, max_post_steps 16.
+    defaults=(("threshold", 0.5), ("editing_threshold", 0.0), ("max_post_steps", 16)),
+    edits=True, traits=_LLADA2_TRAITS)
 LLADA21 = ArchCard(
     name="llada2.1", architectures=("LLaDA2MoeModelLM",),
     claims=lambda raw, folder: _is_llada2(raw) and folder is not None and edits_tokens(folder),
@@ -152,5 +172,6 @@ LLADA2 = ArchCard(
     parse=lambda raw, name: _llada2(LLADA2, raw, name), tensor_name=renamer(LLADA2_NAMES), rule=BLOCK_RULE,
     traits=_LLADA2_TRAITS)
 
-CARDS = (SDAR, LLADA21, LLADA2)  # in claiming order: LLaDA2.1's folder is a LLaDA2.0 folder and more
-__all__ = ["CARDS", "LLADA2", "LLADA21", "SDAR", "edits_tokens"]
+# In claiming order: LLaDA2.2's and LLaDA2.1's folders are LLaDA2.0 folders and more.
+CARDS = (SDAR, LLADA22, LLADA21, LLADA2)
+__all__ = ["CARDS", "LLADA2", "LLADA21", "LLADA22", "SDAR", "edits_tokens"]

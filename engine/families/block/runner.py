@@ -36,6 +36,7 @@ from celeris.engine.models.attention import Spans
 from celeris.engine.families.block.sequence import PREFILL, BlockSequence
 from celeris.engine.models.cache import BlockCache, BlockKVStore
 from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
+from celeris.engine.families.block.levenshtein import edit_ids, joint_results
 from celeris.engine.config import EngineConfig
 from celeris.engine.families.family import Family
 from celeris.engine.models.graphs import GraphCache, use_graph
@@ -115,6 +116,7 @@ class BlockRunner(ConfigCosts):
             row[len(seq.prompt):len(seq.prompt) + len(seq.canvas)] = torch.tensor(seq.canvas)
         self.tokens[seq.slot].copy_(row.to(self.device))
         seq.fuse_first_block = self.fuses  # (set again each step; read by its planned steps)
+        seq.joint_ids = edit_ids(self.model.cfg, seq)  # LLaDA2.2's joint decode (None: the plain rule)
         if self.prefixes is not None:  # the prompt's cached blocks: prefill only the rest
             self.prefixes.load(seq)
 
@@ -255,8 +257,29 @@ class BlockRunner(ConfigCosts):
 
     def _select(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
                 slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:
-        """Commit tokens in the denoise rows' blocks, as the published loops choose them; the
-        call that reads the rows' results."""
+        """Commit tokens in the denoise rows' blocks, as the published loops choose them: LLaDA2.2's
+        joint decode row by row (block/levenshtein.py), the others in one selection; the call that
+        reads the rows' results."""
+        joint = [r for r, s in enumerate(rows) if s.joint_ids is not None and s.denoising]
+        if not joint:
+            return self._select_plain(rows, logits, ids, real, slots, start)
+        done = joint_results([rows[r] for r in joint], logits[joint], ids[joint], self.tokens)
+        rest = [r for r in range(len(rows)) if r not in joint]
+        read_rest = (self._select_plain([rows[r] for r in rest], logits[rest], ids[rest], real[rest], slots[rest],
+                                        start[rest]) if rest else list)
+
+        def read() -> list[RowResult]:
+            out = [EMPTY] * len(rows)
+            for r, result in zip(rest, read_rest()):
+                out[r] = result
+            for r, result in zip(joint, done):
+                out[r] = result
+            return out
+        return read
+
+    def _select_plain(self, rows: list[BlockSequence], logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
+                      slots: torch.Tensor, start: torch.Tensor) -> Callable[[], list[RowResult]]:
+        """The selection of rows that decode by their family's rule (`select_step`)."""
         B, Wq = ids.shape
         dev = self.device
         denoise = torch.tensor([s.denoising for s in rows], device=dev)

@@ -28,14 +28,20 @@ The published loop has no step limit: an edit may write the mask token back, so 
 re-opening positions would never end. Celeris stops editing a block after EDIT_STEP_FACTOR times
 its planned steps (mask steps plus max_post_steps), far past any decode seen in the parity runs;
 its masks are then filled and it ends like any block.
+
+LLaDA2.2 (`joint_ids` set by the runner: its checkpoint names edit tokens): the block's steps are
+its joint decode (engine/families/block/levenshtein.py), which the runner runs on each step's
+logits. A step may re-open a written position as a mask (a SPLIT, or the pad after a DELETE):
+such a position is a revision, no longer committed, and the block ends when its `JointBlock` says.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
+from celeris.engine.families.block.levenshtein import EditIds, JointBlock
 from celeris.engine.families.sequence import DecodeSequence
 from celeris.engine.events import FinishReason, StepEvent
 from celeris.engine.sampling.schedule import transfer_schedule
@@ -54,6 +60,8 @@ class BlockSequence(DecodeSequence):
     # Set by the runner (its eager path): the step that prefills the prompt's last chunk denoises the
     # first block in the same forward (engine/families/block/chunked_prefill.py).
     fuse_first_block: bool = False
+    joint_ids: Optional[EditIds] = None  # LLaDA2.2's joint decode, with these ids (module doc)
+    joint: Optional[JointBlock] = None  # its state over the current block
 
     def __post_init__(self) -> None:
         b, P = self.params.block_length, len(self.prompt)
@@ -248,6 +256,8 @@ class BlockSequence(DecodeSequence):
                 if self.canvas[i] != self.mask_id:
                     revised.append(i)
                 self.canvas[i] = tok
+                if tok == self.mask_id and self.joint_ids is not None:
+                    continue  # re-opened by an edit: a revision, no longer committed
                 committed.append(i)
                 own.append(j)
                 if self.constraint is not None:
@@ -284,6 +294,8 @@ class BlockSequence(DecodeSequence):
         block ends after one that edits nothing, or when the next step would be a post step past
         max_post_steps (an edit may write the mask token back: that position is filled first)."""
         filled = not self._block_masked()
+        if self.joint_ids is not None and self.joint is not None:
+            return self.joint.done
         if not self.editing:
             return filled
         if not masks_before:
