@@ -265,15 +265,8 @@ class Requests:
             layout = self._compiler.compile(spec, params.gen_length)
         except StructureError as e:
             raise InvalidRequest([FieldViolation(e.path, e.reason)]) from None
-        if layout.path == "document" and not self.row.documents:
-            raise InvalidRequest([FieldViolation(spec.field, "outside the skeleton's subset: the whole-document path "
-                                                             "is not served on revising models (DiffusionGemma) yet")])
         constraint = Constraint(layout, self._compiler, spec.field)
         if spec.kind == "choice" and params.logprobs is not None:  # typed decisions (engine/sampling/choice.py)
-            if not self.row.choice_probabilities:
-                raise InvalidRequest([FieldViolation(spec.field, "option probabilities (a choice with logprobs) are not "
-                                                                 "served on revising models (DiffusionGemma) yet; "
-                                                                 "ask without logprobs")])
             constraint.score_choices = True
         return constraint
 

@@ -57,10 +57,6 @@ class Row:
     sequence: type  # the DecodeSequence class of its requests
     shape: Shape  # how a request's parameters become its Sequence (see Shape)
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
-    documents: bool = True  # serves structured outputs' whole-document path (else the skeleton only)
-    # Scores a choice's options for typed decisions (engine/sampling/choice.py: its runner ends a
-    # step with selection.select_step); else such a request is refused by name.
-    choice_probabilities: bool = True
 
     def new_sequence(self, family: Family, config: EngineConfig, request_id: str, prompt: list[int],
                      params: SamplingParams, **fields: Any) -> DecodeSequence:
@@ -127,9 +123,7 @@ def _revise_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tu
 
 ROWS: tuple[Row, ...] = (
     Row(REVISE, revise_card.CARDS, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
-        warmup=(("max_denoising_steps", 1),),  # one denoising step of one canvas
-        documents=False,  # not yet: its canvases commit another way
-        choice_probabilities=False),  # its canvases are re-sampled whole, not one slot front a step
+        warmup=(("max_denoising_steps", 1),)),  # one denoising step of one canvas
     Row(BLOCK, block_cards.CARDS, _load_masked, BlockRunner, BlockSequence, _block_shape),
     Row(FULL, canvas_cards.CARDS, _load_masked, Runner, CanvasSequence, _canvas_shape),
 )

@@ -267,10 +267,13 @@ def test_family_templates_run_the_tool_loop_plain_and_streamed(family):  # about
 
     named = {"type": "function", "function": {"name": "add"}}
     first_turn = {"tool_choice": named}
-    if kind == "gemma":  # a revising model: enforcement's grammar path is refused, naming the function's schema
-        with pytest.raises(openai.BadRequestError) as e:
-            run(ask, f"{kind}-0", False, tool_choice=named)
-        assert e.value.body["param"] == "tools[0].function.parameters"
+    if kind == "gemma":  # a revising model: the named call is enforced in Gemma's format (keys and types,
+        # not numeric bounds: docs/tools.md), so its arguments validate without the bounds
+        content, calls, finish = run(ask, f"{kind}-0", False, tool_choice=named)
+        assert finish == "tool_calls" and [c["function"]["name"] for c in calls] == ["add"]
+        unbounded = {**tools[0]["function"]["parameters"], "properties": {"a": {"type": "integer"},
+                                                                          "b": {"type": "integer"}}}
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), unbounded)
         # "auto" reads what the model writes in its own format (pinned here: a random model's taste varies)
         first_turn = {"extra_body": {"structured_outputs": {"choice": ["<|tool_call>call:add{a:2,b:3}<tool_call|>"]}}}
     first = run(ask, f"{kind}-1", False, **first_turn)

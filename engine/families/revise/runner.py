@@ -113,8 +113,9 @@ class ReviseRunner(ConfigCosts):
         lps = ()
         if stopped and res is not None and seq.params.logprobs is not None:
             lps = _canvas_logprobs(res.raw, tokens, seq.params.logprobs)
+        choices, row.choices = row.choices, ()  # a choice's probabilities, reported once
         return RowResult(positions, tokens, [conf[i - before] if conf else 0.0 for i in positions], lps,
-                         final=len(row.final), done=row.finished)
+                         final=len(row.final), done=row.finished, choices=choices)
 
 
 def _canvas_logprobs(raw: torch.Tensor, tokens: list[int], top: int) -> tuple:

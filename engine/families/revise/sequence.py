@@ -50,6 +50,8 @@ class RevisingSequence(DecodeSequence):
         Returns the call that builds the step's event (`Sequence.apply_row_later`)."""
         for pos, tok in zip(r.positions, r.tokens):
             self.canvas[pos] = tok
+        if r.choices:
+            self.choice_scores = r.choices  # a choice's option probabilities (slots.py scores them)
         self.token_logprobs.update(zip(r.positions, r.logprobs))  # a committed canvas's, when asked
         self.nfe += 1
         block, complete = self.block, r.final > self.final_length

@@ -27,6 +27,7 @@ from celeris.engine.families.revise.model import DiffusionGemma, KVCache
 from celeris.engine.families.revise.sampler import (ReviseParams, RowDraw, RowNoise, StopRule, conditioning_input,
                                                     denoise_row_)
 from celeris.engine.families.selection import NONFINITE, nonfinite_rows
+from celeris.engine.sampling.choice import option_probabilities
 from celeris.engine.structured.constraint import Constraint, unpack
 
 
@@ -50,6 +51,7 @@ class SlotState:
     constraint: Optional[Constraint] = None  # a structured output (engine/structured)
     min_tokens: int = 0  # no end-of-sequence id drawn or committed before this output position
     keep_raw: bool = False  # logprobs asked: each step keeps its raw logits (L, V) for its result
+    choices: tuple = ()  # a choice's option probabilities, once scored, until the runner reports them
     # Context (the prompt, a committed canvas) waits for `step_rows` to encode every row's in one
     # forward; False: encoded at once, alone (the reference loop, `generate`).
     batched_encoding: bool = False
@@ -123,6 +125,8 @@ class SlotState:
             if self.constraint is None:
                 self._commit(argmax, pending.draw.argmax)
             else:
+                if self.constraint.score_choices and pending.raw is not None:
+                    self._score_choices(pending.raw)  # before the commit moves the slot's front
                 block = self._constrained(pending.draw.tempered)
                 self._commit(block, torch.tensor(block, device=self.device))
         return Stepped(conf, mean_entropy, pending.raw)
@@ -137,7 +141,10 @@ class SlotState:
 
     # A structured output: the structure's fixed tokens (skeleton, the stop id after it) are pinned
     # on every canvas that holds them, in the input and the shown draft, and a canvas commits left to
-    # right, each slot position taking the most likely token its slot's matcher allows there.
+    # right, each slot position taking the most likely token its slot's matcher allows there (a whole
+    # document's forced tokens and closing come from the same `Constraint.window`). The grammar acts
+    # only there: guiding every step cost 6x its time and bought nothing measurable
+    # (scripts/bench_gemma_documents.py, docs/structured-outputs.md).
     # Unconstrained requests draw and commit exactly as transformers does.
 
     def _fixed_here(self) -> tuple[list[int], list[int]]:
@@ -174,6 +181,16 @@ class SlotState:
             c.commit(lo + j, tok)
             out.append(tok)
         return out
+
+    def _score_choices(self, raw: torch.Tensor) -> None:
+        """A choice asked with logprobs: its options' probabilities (engine/sampling/choice.py) over
+        the model's own logits (L, V) of the forward that commits the slot's first token, as the
+        mask families score theirs: here the last step of the first canvas, whose logits the commit
+        reads. `Constraint.choice_columns` decides (once, at the slot's first position)."""
+        c, lo = self.constraint, len(self.final)
+        cols = c.choice_columns([lo + j for j in range(raw.shape[0])])
+        if cols is not None:
+            self.choices = tuple(option_probabilities(raw[cols], c.choice_ids()).tolist())
 
     def _allowed(self, pos: int) -> torch.Tensor:
         """(V,) bool: what the slot whose front is `pos` may commit there, through the mask families'

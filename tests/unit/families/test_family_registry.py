@@ -60,7 +60,7 @@ def test_block_requests_are_block_sequences():
 def test_revise_row_warms_up_one_step_and_shapes_whole_canvases():
     family = _gemma_family()
     row = row_of(family)
-    assert row.warmup_params().max_denoising_steps == 1 and not row.documents
+    assert row.warmup_params().max_denoising_steps == 1
     params, extra = row.shape(SamplingParams(gen_length=20, seed=0), family, EngineConfig())
     assert (params.gen_length, params.block_length, params.steps, params.kv_cache) == (32, 16, 2, "exact")
 

@@ -2,7 +2,7 @@
 option, the softmax over the options of their tokens' summed log-probabilities in the forward that
 commits the slot's first token (filler past each option's end, up to one past the longest). The
 numbers sum to 1, match a hand computation, are the same alone and beside other requests, and
-asking for them changes no token; DiffusionGemma refuses them by name."""
+asking for them changes no token; on DiffusionGemma too (its first canvas's commit step)."""
 
 from __future__ import annotations
 
@@ -127,54 +127,45 @@ def test_options_beyond_the_first_block_are_refused_by_name(llm):
                       structured=Structured("choice", long, "structured_outputs.choice")))  # without: served
 
 
-def test_diffusion_gemma_refuses_choice_probabilities_by_name(tmp_path):
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
     pytest.importorskip("transformers")
     from celeris.engine.config import EngineConfig
     from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint
 
-    gemma = LLM.load(write_bpe_checkpoint(tmp_path, canvas_length=16),
-                     EngineConfig(max_batch=2, max_queue=4, max_prompt_tokens=64, max_gen_length=64))
-    p = replace(gemma.defaults, gen_length=16, block_length=16, steps=1, seed=1, max_denoising_steps=2)
-    spec = Structured("choice", OPTIONS, "structured_outputs.choice")
-    with pytest.raises(InvalidRequest) as e:
-        gemma.build(Request(prompt="Q:", params=replace(p, logprobs=0), structured=spec))
-    assert e.value.violations[0].field == "structured_outputs.choice" and "DiffusionGemma" in str(e.value)
-    assert gemma.run([gemma.build(Request(prompt="Q:", params=p, structured=spec))])[0].text in OPTIONS
+    return LLM.load(write_bpe_checkpoint(tmp_path_factory.mktemp("dg-choice"), canvas_length=16),
+                    EngineConfig(max_batch=4, max_queue=8, max_prompt_tokens=64, max_gen_length=64))
 
 
-@pytest.fixture(scope="module", params=["llada", "dream"])
-def amplifying(request, tmp_path_factory):
-    """A full-canvas checkpoint that turns a last-bit difference into a different number: weights at
-    3x scale, 4 layers, every head row with a twin a few ulps away (tests/unit/families/test_batch_invariance.py),
-    at two threads, where CPU GEMMs round a row by how many rows share them (1-3, 5-7, 9-11)."""
-    from celeris.engine.config import EngineConfig
-    from tests.unit.families.test_batch_invariance import _write
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    folder = _write(request.param, tmp_path_factory.mktemp(request.param))
-    yield LLM.load(folder, EngineConfig(max_batch=8, max_queue=16, max_prompt_tokens=64, max_gen_length=64,
-                                        forward_overhead_tokens=10**9))
-    torch.set_num_threads(threads)
+def _gemma_choice(gemma, seed=1, **kw):
+    p = replace(gemma.defaults, gen_length=16, block_length=16, steps=1, seed=seed, max_denoising_steps=3, **kw)
+    return gemma.build(Request(prompt="Q:", params=p, structured=Structured("choice", OPTIONS, "choice")))
 
 
-@pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
-def test_probabilities_are_bitwise_the_same_alone_and_batched_on_a_rounding_sensitive_checkpoint(amplifying):
-    """The CPU forward pads its rows to a multiple of ROW_ALIGN (engine/families/canvas/runner.py),
-    so a choice's first-forward logits, and its probabilities, do not depend on the batch."""
-    llm = amplifying
-    options = ["a", "bc", "de f"]
-    p = replace(llm.defaults, gen_length=8, steps=8, block_length=8, seed=1, logprobs=0)
+def test_diffusion_gemma_scores_its_options_on_the_commit_step(gemma, monkeypatch):
+    """DiffusionGemma (revise/slots.py): scored once, on the model's own logits of the step that
+    commits the first canvas (the forward whose logits commit the slot's first token); the numbers
+    sum to 1, are the same beside free rows, and asking for them changes no token."""
+    import celeris.engine.families.revise.slots as slots
 
-    def choice(prompt):
-        return llm.build(Request(prompt=prompt, params=p, structured=Structured("choice", options, "choice")))
-
-    prompts = ["hello there", "a b", "the quick brown fox jumps"]
-    alone = [llm.run([choice(q)])[0].choice_probabilities for q in prompts]
-    for q, probs in zip(prompts, alone):
-        assert list(probs) == options and abs(sum(probs.values()) - 1) < 1e-6
-    for n in (0, 1, 3, 4):  # 2, 3, 5 and 6 rows share the first forward
-        free = [llm.build(Request(prompt="x y z " * (k + 1), params=replace(p, logprobs=None, temperature=1.0, seed=k)))
-                for k in range(n)]
-        mixed = llm.run([choice(q) for q in prompts[:2]] + free)
-        assert [r.choice_probabilities for r in mixed[:2]] == alone[:2], n
+    calls, real = [], slots.option_probabilities
+    monkeypatch.setattr(slots, "option_probabilities", lambda lg, i: calls.append((lg.clone(), i)) or real(lg, i))
+    seq = _gemma_choice(gemma, logprobs=0)
+    alone = gemma.run([seq])[0]
+    probs = alone.choice_probabilities
+    assert len(calls) == 1 and torch.equal(calls[0][1], seq.constraint.choice_ids())
+    assert calls[0][0].shape[0] == seq.constraint.choice_horizon
+    assert list(probs.values()) == pytest.approx(real(*calls[0]).tolist(), abs=0)
+    assert list(probs) == OPTIONS and abs(sum(probs.values()) - 1) < 1e-9 and all(0 < v < 1 for v in probs.values())
+    assert alone.text in OPTIONS
+    plain = gemma.run([_gemma_choice(gemma)])[0]
+    assert plain.choice_probabilities is None and plain.token_ids == alone.token_ids
+    def free():
+        return [gemma.build(Request(prompt="Once upon", params=replace(
+            gemma.defaults, gen_length=32, block_length=32, steps=1, seed=k, max_denoising_steps=3, ignore_eos=True)))
+            for k in range(2)]
+    want = [r.token_ids for r in gemma.run(free())]
+    others = free()
+    mixed = gemma.run(others[:1] + [_gemma_choice(gemma, logprobs=0)] + others[1:])
+    assert mixed[1].choice_probabilities == probs and mixed[1].token_ids == alone.token_ids
+    assert [mixed[0].token_ids, mixed[2].token_ids] == want

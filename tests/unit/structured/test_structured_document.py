@@ -100,16 +100,3 @@ def test_alone_equals_inside_a_batch_with_free_rows(llm):
     assert mixed[1].token_ids == alone.token_ids and mixed[1].text == alone.text
     assert mixed[0].token_ids == free.token_ids
     jsonschema.validate(json.loads(alone.text), NODE)
-
-
-def test_revising_models_refuse_the_document_path_by_name(tmp_path):
-    pytest.importorskip("transformers")
-    from celeris.engine.config import EngineConfig
-    from tests.unit.revise_references.gemma_checkpoint import write_bpe_checkpoint
-
-    folder = write_bpe_checkpoint(tmp_path, canvas_length=16)
-    dg = LLM.load(folder, EngineConfig(max_batch=2, max_queue=4, max_prompt_tokens=64, max_gen_length=64))
-    params = replace(dg.defaults, gen_length=64, block_length=64, steps=1, seed=0, max_denoising_steps=2)
-    with pytest.raises(InvalidRequest) as e:
-        dg.build(Request(prompt="x", params=params, structured=Structured("json_schema", NODE, "rf.schema")))
-    assert e.value.violations[0].field == "rf.schema" and "revising" in e.value.violations[0].description
