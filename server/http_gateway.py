@@ -31,12 +31,13 @@ from celeris.server import openai_api, tools_api
 from celeris.server.errors import RequestTimeout
 from celeris.server.http_body import read_json
 from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
-from celeris.server import http_extras, http_vllm
+from celeris.server import http_extras, http_vllm, messages_api, responses_api
 from celeris.server.guard import Guard
 from celeris.server.http_extras import Cors, HostCheck
 from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
 from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
 from celeris.server.settings import ServerSettings
+from celeris.server.api_shapes import Shape, api_key_bearer
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -187,6 +188,7 @@ class HttpGateway:
             return await handler(request)
         try:
             auth = next((v for k, v in request.raw_headers if k.lower() == b"authorization"), None)
+            auth = auth if auth is not None else api_key_bearer(request.raw_headers)  # Anthropic's x-api-key
             self.guard.check(auth, request.remote or "", request.headers.get("X-Forwarded-For"))
             if request.method == "POST" and (self.draining or not self.engine.accepting):
                 raise Unavailable("server is draining; retry on another replica")
@@ -246,7 +248,10 @@ class HttpGateway:
 
         return await asyncio.to_thread(parse) if isinstance(body, dict) and body.get("tools") else parse()
 
-    async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def complete(self, request: web.Request, chat: bool, shape: Optional[Shape] = None) -> web.StreamResponse:
+        """One generation request. `shape` (server/api_shapes.py): another API's body mapped onto this
+        chat path and its answers mapped back (/v1/responses, /v1/messages); None: OpenAI's own."""
+        fail = shape.error_json if shape is not None else error_json
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
         start = lambda: self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")  # noqa: E731
         lives = [start()]
@@ -259,6 +264,7 @@ class HttpGateway:
             try:
                 req = None
                 body = await self.read_json(request)
+                body = shape.request(body) if shape is not None else body
                 req = await self._parse(body, chat)
                 reader = tools_api.reader(req.tools, self.parsers) if chat else None
                 reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
@@ -275,32 +281,35 @@ class HttpGateway:
                                                 reader=reader))
                     if not req.stream:
                         return None
-                    return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")
+                    encode = shape.encoder(rid) if shape is not None else None
+                    return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "", encode)
 
                 streams = await self.lifecycle.submit(lives, reqs, [formatter] * len(reqs))  # all or none
                 for stream in streams:  # a client that stopped reading: drop its connection
                     stream.on_abandon = task.cancel if task is not None else None
             except InvalidRequest as e:
                 e = openai_api.rename_fields(e, req)
+                e = shape.rename(e) if shape is not None else e
                 lives[0].fail(e)
-                return error_json(e)
+                return fail(e)
             except EngineError as e:
                 lives[0].fail(e)
-                return error_json(e)
+                return fail(e)
             rid = streams[0].request_id
             extra = {"X-Celeris-Structure-Path": path} if (path := streams[0].structure_path) else {}
             if req.stream:
-                return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra)
+                return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra, shape)
             try:
                 finals = await asyncio.gather(*(self._last(life) for life in lives))
             except EngineError as e:
-                return error_json(e)
+                return fail(e)
             if any(ev is None for ev in finals):
                 e = Unavailable("the request was dropped before its first step (server stopping)")
                 lives[0].fail(e)
-                return error_json(e)
-            return web.json_response(merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n),
-                                     headers={"X-Request-Id": rid, **extra})
+                return fail(e)
+            out = merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n)
+            out = shape.final(out, finals[0]) if shape is not None else out
+            return web.json_response(out, headers={"X-Request-Id": rid, **extra})
         finally:
             for life in lives:
                 life.close()  # frees the scheduler slots if we leave early (disconnect, error)
@@ -324,10 +333,12 @@ class HttpGateway:
 
     async def _stream(self, request: web.Request, responders: list[Responder],
                       lives: list[LiveRequest], usage_n: int = 0,
-                      extra: Optional[dict[str, str]] = None) -> web.StreamResponse:
+                      extra: Optional[dict[str, str]] = None, shape: Optional[Shape] = None) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
         already built by each choice's formatter in the formatter thread; `usage_n` (the request's
-        n) > 0: OpenAI's include_usage chunk (empty choices) before [DONE]."""
+        n) > 0: OpenAI's include_usage chunk (empty choices) before [DONE]. `shape`: another API's
+        events (its errors, its ending instead of [DONE])."""
+        error_event = shape.error_event if shape is not None else (lambda e: sse(openai_api.error_response(e)[1]))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no", "X-Request-Id": responders[0].request_id,
                                            **(extra or {})})
@@ -337,15 +348,15 @@ class HttpGateway:
                 async for _, ev in merged(lives):
                     if isinstance(ev.formatted, Exception):  # a formatting bug ends the stream, as an error
                         lives[0].fail(ev.formatted)
-                        await resp.write(sse(openai_api.error_response(ev.formatted)[1]))
+                        await resp.write(error_event(ev.formatted))
                         break
                     if ev.formatted is not None:
                         await resp.write(ev.formatted)
                 if usage_n and (last := usage_chunk(responders, usage_n)) is not None:
                     await resp.write(sse(last))
             except EngineError as e:  # headers are sent: the error becomes the last event
-                await resp.write(sse(openai_api.error_response(e)[1]))
-            await resp.write(sse("[DONE]"))
+                await resp.write(error_event(e))
+            await resp.write(shape.done if shape is not None else sse("[DONE]"))
             await resp.write_eof()
         except ConnectionError:  # the client went away mid-stream; the caller's finally cancels
             log.info("http.client_gone", request_id=responders[0].request_id)
@@ -376,6 +387,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/completions", _G.completions, "text completion (OpenAI)", body="CompletionRequest"),
     Route("POST", "/v1/chat/completions", _G.chat_completions, "chat completion (OpenAI)",
           body="ChatCompletionRequest"),
+    Route("POST", "/v1/responses", responses_api.create, "a response (OpenAI Responses API)", body="ResponsesRequest"),
+    Route("POST", "/v1/messages", messages_api.create, "a message (Anthropic Messages API)", body="MessagesRequest"),
     Route("POST", "/tokenize", http_extras.tokenize, "prompt -> token ids (vLLM)"),
     Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
     Route("GET", "/version", http_extras.get_version, "the server's version", public=True),

@@ -16,6 +16,7 @@ from celeris.engine.errors import FieldViolation, clip
 from celeris.engine.requests import BOOL, CHOICE, FLOAT, IDS, INT, Knob, STRINGS, on
 from celeris.server.errors import UnsupportedMediaType, error_body
 from celeris.server.http_body import json_media
+from celeris.server import messages_api, responses_api
 
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
@@ -78,7 +79,8 @@ def openapi(title: str, version: str, routes: Iterable[Any]) -> dict[str, Any]:
         paths.setdefault(_path(r), {})[r.method.lower()] = _operation(r)
     return {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths,
             "components": {"schemas": {"CompletionRequest": request_schema(chat=False),
-                                       "ChatCompletionRequest": request_schema(chat=True)}}}
+                                       "ChatCompletionRequest": request_schema(chat=True),
+                                       "ResponsesRequest": responses_api.SCHEMA, "MessagesRequest": messages_api.SCHEMA}}}
 
 
 # Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
@@ -108,8 +110,6 @@ async def openapi_json(gw: Any, request: web.Request) -> web.Response:
 
 # Routes of OpenAI's and vLLM's servers that a client may try here, and what Celeris offers instead.
 UNSERVED = {
-    "/v1/responses": "the Responses API is not served yet; POST /v1/chat/completions is",
-    "/v1/messages": "the Messages API is not served yet; POST /v1/chat/completions is",
     "/v1/embeddings": "Celeris serves generative diffusion models: there is no embedding model to ask",
     "/pooling": "Celeris serves generative diffusion models: there is no pooling model to ask",
     "/score": "Celeris serves generative diffusion models: there is no scoring model to ask",

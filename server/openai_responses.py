@@ -282,15 +282,18 @@ class Responder:
                                           "echo": self.echo, "revising": ev.revising}
         return chunk
 
-    def stream_formatter(self, diffusing: str = "") -> Callable[[StepEvent], Optional[bytes]]:
+    def stream_formatter(self, diffusing: str = "", encode: Optional[Callable[[dict, StepEvent], bytes]] = None
+                         ) -> Callable[[StepEvent], Optional[bytes]]:
         """The event -> SSE bytes function for one choice ("" plain, "delta" or "full" diffusing),
-        run by the step worker so the event loop only writes bytes."""
+        run by the step worker so the event loop only writes bytes. `encode` turns each chunk into
+        another API's events (server/api_shapes.py); by default a chunk is one `data:` event."""
         plain = self.answer_chunks if self.reader is not None else self.plain_chunk
         build = {"": plain, "full": self.diffusing_chunk, "delta": self.diffusing_delta}[diffusing]
+        write = encode or (lambda chunk, ev: sse(chunk))
 
         def fmt(ev: StepEvent) -> Optional[bytes]:
             chunk = build(ev)
             if isinstance(chunk, list):  # several chunks from one event: one write
-                return b"".join(sse(c) for c in chunk)
-            return None if chunk is None else sse(chunk)
+                return b"".join(write(c, ev) for c in chunk)
+            return None if chunk is None else write(chunk, ev)
         return fmt

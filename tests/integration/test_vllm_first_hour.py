@@ -128,13 +128,13 @@ def test_metrics_off_the_api_port_says_where_they_are(tiny_llm):
 def test_a_route_not_served_is_a_json_404_saying_so_on_get_and_post(tiny_llm):
     with live_server(tiny_llm) as s:
         answers = {(m, p): _http(s.http_url + p, m) for m in ("GET", "POST")
-                   for p in ("/v1/responses", "/v1/embeddings", "/no/such/route")}
+                   for p in ("/v1/audio/speech", "/v1/embeddings", "/no/such/route")}
         wrong_method = _http(s.http_url + "/v1/completions")
     for (method, path), (status, body) in answers.items():
         err = body["error"]
         assert status == 404 and err["code"] == "not_found" and err["type"] == "invalid_request_error", body
         assert err["message"].startswith(f"{method} {path}: not a route Celeris serves"), err
-    assert "/v1/chat/completions" in answers["POST", "/v1/responses"][1]["error"]["message"]
+    assert "generative" in answers["POST", "/v1/embeddings"][1]["error"]["message"]
     assert "/openapi.json" in answers["GET", "/no/such/route"][1]["error"]["message"]
     status, body = wrong_method
     assert status == 405 and body["error"]["message"] == "GET /v1/completions: this route takes POST", body
