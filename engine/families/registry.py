@@ -89,12 +89,16 @@ def _load_masked(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
 
 def _load_revising(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     """A DiffusionGemma folder's text model (what is left out is logged), with the stop ids its
-    generation_config.json adds. One process, on the CPU or one CUDA device: no parallel path yet."""
-    if config.tensor_parallel_size != 1 or config.expert_parallel:
-        raise ModelLoadError("DiffusionGemma is served on one process only (no tensor/expert parallel yet)")
+    generation_config.json adds: on this process (the CPU or one CUDA device) or over tensor/expert
+    parallel workers (revise/parallel.py)."""
     if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"DiffusionGemma: device {config.device!r} asked for, but torch sees no CUDA device here")
-    model = load_gemma(folder, dtype=config.dtype, device=config.device)
+    if config.tensor_parallel_size != 1 or config.expert_parallel:
+        from celeris.engine.families.revise.parallel import start_gemma  # worker processes, torch.distributed
+
+        model = start_gemma(folder, config)
+    else:
+        model = load_gemma(folder, dtype=config.dtype, device=config.device)
     eos = tuple(dict.fromkeys(model.cfg.eos_token_ids + generation_eos(folder)))
     model.cfg = replace(model.cfg, eos_token_ids=eos)  # the tokenizer's stop ids
     return model

@@ -2,7 +2,8 @@
 
 `start` checks the sizes (before any process starts), spawns ranks 1..N-1 (torch.multiprocessing
 spawn; each loads only its shard), joins the group as rank 0 and returns the leader's
-`MirroredModel`. A watcher thread waits on the workers' process sentinels: a worker that exits
+model: `MirroredModel` for the mask families; another family passes its own `Ranks` (DiffusionGemma:
+engine/families/revise/parallel.py). A watcher thread waits on the workers' process sentinels: a worker that exits
 breaks the group at once (later calls raise `WorkerLost` naming the rank) and calls the
 `on_lost` callbacks (the server goes NOT_SERVING and exits). A worker that hangs is caught by
 the collectives' timeout. Closing stops the workers, and kills any that do not stop.
@@ -15,7 +16,9 @@ import logging
 import pickle
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -29,6 +32,31 @@ from celeris.engine.parallel.shard import checkpoint_parameters, load_shard
 
 log = logging.getLogger("celeris.parallel")
 START_TIMEOUT_S = 600.0  # loading a large shard takes a while
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """What a model family's ranks run (module-level functions: the spawned workers get them by name).
+    `check` (ckpt, plan) refuses sizes before any process starts; `load` (ckpt, plan, group, dtype,
+    device) is one rank's shard; `follow` (conn, shard, device) is a worker's loop; `mirror` (shard,
+    channel, close) is the leader's model; `parameters` (ckpt) counts the whole model's."""
+
+    check: Callable[..., None]
+    load: Callable[..., Any]
+    follow: Callable[..., None]
+    mirror: Callable[..., Any]
+    parameters: Callable[[Any], int]
+
+
+def _check_masked(ckpt: Checkpoint, plan: Plan) -> None:
+    check_sizes(ckpt.cfg, plan)
+
+
+def _masked_parameters(ckpt: Checkpoint) -> int:
+    return checkpoint_parameters(ckpt.folder)
+
+
+MASKED = Ranks(_check_masked, load_shard, worker.follow, MirroredModel, _masked_parameters)  # the mask families'
 
 
 def device_of(device: str, rank: int) -> str:
@@ -99,10 +127,10 @@ def _join(n: int, backend: str, timeout_s: float, store, procs: list):
     return init_group(0, n, store, backend, timeout_s)
 
 
-def start(ckpt: Checkpoint, config: EngineConfig) -> MirroredModel:
+def start(ckpt: Any, config: EngineConfig, ranks: Ranks = MASKED) -> Any:
     """The leader's model over `config.tensor_parallel_size` ranks; workers spawned here."""
     plan = Plan(config.tensor_parallel_size, config.expert_parallel)
-    check_sizes(ckpt.cfg, plan)
+    ranks.check(ckpt, plan)
     n, backend = plan.size, backend_for(config.device)
     store = leader_store(n, START_TIMEOUT_S)
     ctx = mp.get_context("spawn")
@@ -111,7 +139,7 @@ def start(ckpt: Checkpoint, config: EngineConfig) -> MirroredModel:
         parent, child = ctx.Pipe()
         p = ctx.Process(target=worker.main, name=f"celeris-tp-rank{rank}", daemon=True,
                         args=(rank, n, store.port, ckpt, plan, config.dtype, device_of(config.device, rank),
-                              backend, config.collective_timeout_s, START_TIMEOUT_S, child))
+                              backend, config.collective_timeout_s, START_TIMEOUT_S, child, ranks.load, ranks.follow))
         p.start()
         child.close()
         procs.append(p)
@@ -120,12 +148,12 @@ def start(ckpt: Checkpoint, config: EngineConfig) -> MirroredModel:
     supervisor = Supervisor(procs, conns, channel)
     try:
         group = _join(n, backend, config.collective_timeout_s, store, procs)
-        shard = load_shard(ckpt, plan, group, config.dtype, device_of(config.device, 0))
+        shard = ranks.load(ckpt, plan, group, config.dtype, device_of(config.device, 0))
         _await_ready(procs, conns, START_TIMEOUT_S)
     except BaseException:
         supervisor.close()
         raise
-    model = MirroredModel(shard, channel, supervisor.close)
+    model = ranks.mirror(shard, channel, supervisor.close)
     model.supervisor = supervisor
-    model.total_parameters = checkpoint_parameters(ckpt.folder)  # the leader holds 1/N of them
+    model.total_parameters = ranks.parameters(ckpt)  # the leader holds about 1/N of them
     return model

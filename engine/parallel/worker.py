@@ -64,8 +64,9 @@ def follow(conn, model, device) -> None:
 
 
 def main(rank: int, size: int, port: int, ckpt: Checkpoint, plan: Plan, dtype: str, device: str, backend: str,
-         timeout_s: float, start_timeout_s: float, conn) -> None:
-    """A worker process's entry point (spawned by engine/parallel/launch.py)."""
+         timeout_s: float, start_timeout_s: float, conn, load=load_shard, repeat=follow) -> None:
+    """A worker process's entry point (spawned by engine/parallel/launch.py). `load` and `repeat`:
+    its family's shard and loop (launch.Ranks; the mask families' by default)."""
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("CELERIS_WORKER_THREADS", "1")))
     else:
@@ -74,11 +75,11 @@ def main(rank: int, size: int, port: int, ckpt: Checkpoint, plan: Plan, dtype: s
         store = worker_store(port, size, start_timeout_s)
         store.set(f"joining/{rank}", "1")  # the leader waits for every rank's key, watching it live
         group = init_group(rank, size, store, backend, timeout_s)
-        model = load_shard(ckpt, plan, group, dtype, device)
+        model = load(ckpt, plan, group, dtype, device)
         freeze_startup_heap()  # a full collection here would stall every collective of the group
         conn.send_bytes(pickle.dumps("ready"))
         with torch.inference_mode():
-            follow(conn, model, device)
+            repeat(conn, model, device)
     except Exception as e:  # one line for the leader's log; the leader reports the rank
         # one write, newline included: the leader's log lines share this stream
         sys.stderr.write(f"celeris tensor-parallel worker rank {rank}: {e.__class__.__name__}: {e}\n")

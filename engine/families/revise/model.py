@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from celeris.engine.families.revise.config import GemmaConfig, LayerShape
-from celeris.engine.families.revise.experts import Experts
+from celeris.engine.families.revise.experts import Experts, unreduced
 from celeris.engine.families.revise.rows import Packed, gelu_rows, packs
 
 
@@ -51,10 +51,11 @@ class GLU(nn.Module):
         self.gate_proj = nn.Linear(d, hidden, bias=False)
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.reduce = unreduced  # tensor parallel: the down projection's partial sums, all-reduced
 
     def forward(self, x: torch.Tensor, rows: Packed) -> torch.Tensor:
         """x (1, N, D), each request's GELU on its own rows (rows.py) -> (1, N, D)"""
-        return self.down_proj(gelu_rows(self.gate_proj(x), rows) * self.up_proj(x))
+        return self.reduce(self.down_proj(gelu_rows(self.gate_proj(x), rows) * self.up_proj(x)))
 
 
 def rope_tables(shape: LayerShape, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,6 +90,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
         self.q_norm = Norm(hd, cfg.rms_norm_eps)
         self.k_norm = Norm(hd, cfg.rms_norm_eps)
+        self.reduce = unreduced  # tensor parallel: the output projection's partial sums, all-reduced
+
+    def out(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The output projection of each request's attention, packed back.  (1, T_r, H * hd) each -> (1, N, D)"""
+        return self.reduce(self.o_proj(torch.cat(parts, 1)))
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q (B, H, T, hd), k and v (B, KVH, T, hd)"""
@@ -247,7 +253,7 @@ class DiffusionGemma(nn.Module):
                 k_all, v_all = cache.joined(i, k_r, v_r)
                 parts.append(attn.attend(q_r, k_all, v_all, self._causal(cache, i, p, h.dtype)))
                 cache.store(i, k_all, v_all)
-            h = h + layer.post_attention_layernorm(attn.o_proj(torch.cat(parts, 1)))
+            h = h + layer.post_attention_layernorm(attn.out(parts))
             h = layer.feed_forward(h, layer.encoder_layer_scalar, rows)
         for cache, n in zip(caches, rows.lengths):
             cache.length += n  # the encoder's final norm feeds nothing: only its cache is used
@@ -278,15 +284,17 @@ class DiffusionGemma(nn.Module):
         return torch.cat([self.head(h[r:r + 1]) for r in range(h.shape[0])])
 
     @torch.no_grad()
-    def denoise_hidden(self, canvas: torch.Tensor, caches: list[KVCache],
-                       sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
+    def denoise_hidden(self, canvas: torch.Tensor, caches: list[KVCache], sc_probs: list[Optional[torch.Tensor]],
+                       soft: Optional[list[Optional[torch.Tensor]]] = None) -> torch.Tensor:
         """`denoise_rows` up to the final norm: one forward for every row (per pack, rows.packs), each
         row's bits those it gets alone (rows.py). `head` makes a row's logits: a row at a time, so one
-        (L, V) buffer is live, not B.  canvas: (B, L) -> (B, L, D)"""
+        (L, V) buffer is live, not B. `soft`: the rows' `soft_inputs`, when already made (a worker
+        rank gets them, not the probabilities).  canvas: (B, L) -> (B, L, D)"""
         B, L = canvas.shape
+        soft = self.soft_inputs(sc_probs) if soft is None else soft
         out: list[Optional[torch.Tensor]] = [None] * B
         for pack in packs([L] * B, self.shares_forwards):
-            h = self._denoise(canvas[pack], [caches[r] for r in pack], [sc_probs[r] for r in pack])
+            h = self._denoise(canvas[pack], [caches[r] for r in pack], [soft[r] for r in pack])
             for j, r in enumerate(pack):
                 out[r] = h[j]
             self.calls.denoise += 1
@@ -301,12 +309,12 @@ class DiffusionGemma(nn.Module):
         return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, bit for bit, one buffer
 
     def _denoise(self, canvas: torch.Tensor, caches: list[KVCache],
-                 sc_probs: list[Optional[torch.Tensor]]) -> torch.Tensor:
-        """One forward over a pack of canvases.  canvas: (R, L), sc_probs: (L, V) or None each -> (R, L, D)"""
+                 soft: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """One forward over a pack of canvases.  canvas: (R, L), soft: (L, D) or None each -> (R, L, D)"""
         R, L = canvas.shape
         rows = Packed((L,) * R)
         pos = torch.cat([torch.arange(c.length, c.length + L, device=canvas.device) for c in caches])[None]  # (1, N)
-        h = self._conditioned(self.embed_ids(canvas.reshape(1, -1)), sc_probs, rows)  # (1, N, D)
+        h = self._conditioned(self.embed_ids(canvas.reshape(1, -1)), soft, rows)  # (1, N, D)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             cos, sin = rope_tables(attn.shape, pos)
@@ -314,18 +322,23 @@ class DiffusionGemma(nn.Module):
             # each row reads its own cache, never stored: the canvas is not context yet
             parts = [attn.attend(q_r, *cache.joined(i, k_r, v_r), None)
                      for q_r, k_r, v_r, cache in zip(*(rows.split(t, 2) for t in (q, k, v)), caches)]
-            h = h + layer.post_attention_layernorm(attn.o_proj(torch.cat(parts, 1)))
+            h = h + layer.post_attention_layernorm(attn.out(parts))
             h = layer.feed_forward(h, layer.layer_scalar, rows)
         return self.norm(h).view(R, L, -1)
 
-    def _conditioned(self, x: torch.Tensor, sc_probs: list[Optional[torch.Tensor]], rows: Packed) -> torch.Tensor:
-        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input
-        (zeros on a canvas's first step, as the reference masks it).  x: (1, N, D), sc_probs (L, V) each"""
-        soft = torch.zeros_like(x)
+    def soft_inputs(self, sc_probs: list[Optional[torch.Tensor]]) -> list[Optional[torch.Tensor]]:
+        """Each row's expected embedding under its previous step's probabilities (None on a canvas's
+        first step): a row at a time, (L, V) @ (V, D), as alone, with no (B, L, V) stack.  -> (L, D) each"""
         w = self.embed.weight
-        scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=x.dtype)
-        for part, sc in zip(rows.split(soft), sc_probs):
-            if sc is not None:  # a row at a time: (L, V) @ (V, D), as alone, with no (B, L, V) stack
-                part.copy_(torch.matmul(sc[None].to(w.dtype), w) * scale)
+        scale = torch.tensor(self.cfg.d_model ** 0.5, dtype=w.dtype)
+        return [None if sc is None else (torch.matmul(sc[None].to(w.dtype), w) * scale)[0] for sc in sc_probs]
+
+    def _conditioned(self, x: torch.Tensor, soft_rows: list[Optional[torch.Tensor]], rows: Packed) -> torch.Tensor:
+        """Self-conditioning: the previous step's expected embedding through a GLU, added to the input
+        (zeros on a canvas's first step, as the reference masks it).  x: (1, N, D), soft_rows (L, D) each"""
+        soft = torch.zeros_like(x)
+        for part, row in zip(rows.split(soft), soft_rows):
+            if row is not None:
+                part.copy_(row[None])
         signal = self.self_conditioning(self.self_conditioning_pre_norm(soft), rows)
         return rms_norm(x + signal, None, self.cfg.rms_norm_eps)
