@@ -148,3 +148,10 @@ def test_the_static_path_decodes_what_the_per_row_path_decodes(folder):
         llm.runner.static = static
         out[static] = [s.generated() for s in run_engine(llm, PROMPTS, **_params(0.5, 0.0, 4))]
     assert out[True] == out[False]
+
+
+def test_a_llada2_config_without_expert_capacity_keeps_the_grouped_gate():
+    """block_size alone (LLaDA2.0/2.1 configs may carry it) changes nothing: grouped routing, any
+    block length."""
+    cfg = parse_config(llada2_config(block_size=32))
+    assert (cfg.arch, cfg.expert_capacity, cfg.routing_block, family_of(cfg).routing_block) == ("llada2", 0, 0, 0)
