@@ -115,7 +115,9 @@ def _llada2(card: ArchCard, raw: dict[str, Any], name: str) -> ModelConfig:
         moe_hidden_size=int(raw.get("moe_intermediate_size") or 0),
         first_dense_layers=int(raw.get("first_k_dense_replace", 0)), n_group=int(raw.get("n_group", 8)),
         topk_group=int(raw.get("topk_group", 4)), routed_scaling_factor=float(raw.get("routed_scaling_factor", 2.5)),
-        expert_capacity=int(raw.get("expert_capacity") or 0), routing_block=int(raw.get("block_size") or 0),
+        # A block-routed gate only where expert_capacity is set (LLaDA2.0/2.1 configs may carry block_size).
+        expert_capacity=int(raw.get("expert_capacity") or 0),
+        routing_block=int(raw.get("block_size") or 0) if raw.get("expert_capacity") else 0,
         delete_token_id=_optional_id(raw, "delete_token_id"), split_token_id=_optional_id(raw, "split_token_id"),
         name=str(raw.get("name", name)))
 

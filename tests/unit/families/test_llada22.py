@@ -15,10 +15,11 @@ from __future__ import annotations
 import pytest
 
 from celeris.engine.errors import InvalidRequest
+from celeris.engine.families.checkpoint import parse_config
 from celeris.engine.families.registry import family_of
 from celeris.engine.sampling.params import SamplingParams
 from tests.unit.block_helpers import PROMPTS, engine, run_engine
-from tests.unit.block_references.checkpoints import EOS_ID, MASK_ID, cut
+from tests.unit.block_references.checkpoints import EOS_ID, MASK_ID, llada2_config
 from tests.unit.block_references.llada22 import (DELETE_ID, ROLE_END_ID, SPLIT_ID, LLaDA22Model, llada22_generate,
                                                  write_llada22_checkpoint)
 
@@ -46,6 +47,12 @@ def ref_model(folder):
 def _ref(ref_model, prompt, threshold, editing, post):
     return llada22_generate(ref_model, prompt, G, threshold=threshold, editing_threshold=editing,
                             max_post_steps=post, mask_id=MASK_ID, eos_ids=(EOS_ID, ROLE_END_ID), draw=lambda c: 0)
+
+
+def cut(ids: list[int], n: int) -> list[int]:
+    """The first n ids up to the first stop id (either) or mask, as the engine's output ends."""
+    ends = [i for i, t in enumerate(ids[:n]) if t in (EOS_ID, ROLE_END_ID, MASK_ID)]
+    return ids[:ends[0] if ends else n]
 
 
 def _params(threshold, editing, post):
@@ -119,3 +126,32 @@ def test_block_lengths_are_whole_routing_blocks(llm):
     assert [v.field for v in bad] == ["block_length"]
     with pytest.raises(InvalidRequest):
         llm.sequence(PROMPTS[0], SamplingParams(gen_length=G, block_length=16, steps=G))
+
+
+def test_edits_on_a_checkpoint_without_edit_ids_are_refused_by_field():
+    """A LLaDA2 config with the block-routed gate but no edit ids: routed per block, no editing."""
+    raw = llada2_config(expert_capacity=4, block_size=32, num_experts=8, n_group=4, topk_group=2)
+    cfg = parse_config(raw)
+    family = family_of(cfg)
+    assert (cfg.arch, cfg.expert_capacity, family.routing_block, family.edits) == ("llada2", 4, 32, False)
+    bad = family.violations(SamplingParams(gen_length=G, block_length=32, steps=G, editing_threshold=0.5))
+    assert [v.field for v in bad] == ["editing_threshold"]
+
+
+@pytest.mark.slow  # three batched decodes: a minute under load
+def test_the_static_path_decodes_what_the_per_row_path_decodes(folder):
+    """The block runner's static shapes (what a CUDA graph captures: batch buckets, every expert
+    at a static shape masked by the block-routed gate), run eagerly on the CPU."""
+    out = {}
+    for static in (False, True):
+        llm = engine(folder)
+        llm.runner.static = static
+        out[static] = [s.generated() for s in run_engine(llm, PROMPTS, **_params(0.5, 0.0, 4))]
+    assert out[True] == out[False]
+
+
+def test_a_llada2_config_without_expert_capacity_keeps_the_grouped_gate():
+    """block_size alone (LLaDA2.0/2.1 configs may carry it) changes nothing: grouped routing, any
+    block length."""
+    cfg = parse_config(llada2_config(block_size=32))
+    assert (cfg.arch, cfg.expert_capacity, cfg.routing_block, family_of(cfg).routing_block) == ("llada2", 0, 0, 0)
