@@ -3,10 +3,13 @@
 Input lines are JSON objects: {"id": ..., "prompt": "..."} (or "messages": [...], or
 "token_ids": [...]) plus any generation knob (gen_length, steps, block_length, temperature,
 remasking, threshold, factor, cfg_scale, seed) and an optional "metadata" value echoed to the
-output. A line that is not valid is reported on stderr and skipped; the batch goes on.
+output. A "messages" line may carry "tools", "tool_choice" and "parallel_tool_calls" as chat
+completions take them (OpenAI's shapes; docs/tools.md). A line that is not valid is reported on
+stderr and skipped; the batch goes on.
 
 Output lines are written as items finish (any order): {"id", "status": "ok", "text",
-"finish_reason", "usage", "seed", "steps", "latency_s", ...} or {"id", "status": "error",
+"finish_reason", "usage", "seed", "steps", "latency_s", ...; with tools also "tool_calls" in
+OpenAI's shape and "content", the text left beside them} or {"id", "status": "error",
 "error": {"code", "message", "field_violations"}, "latency_s"}. Rerunning skips the ids that
 already have an "ok" line, so an interrupted batch resumes; failed items are tried again and the
 last line for an id wins.
@@ -36,6 +39,7 @@ from celeris_client.progress import Progress, fmt_seconds, percentile
 from celeris_client.types import KNOBS, Prompt, build_request
 
 INPUT_KEYS = ("prompt", "messages", "token_ids")
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")  # chat lines only, as chat completions take them
 RETRY_WINDOW_S = 60.0  # how long one item keeps trying through a restart or a full server
 FIRST_WAIT_S, MAX_WAIT_S = 0.5, 5.0  # its backoff: doubling from the first, capped
 # The channel reconnects at least this often while the server is away (gRPC's own backoff grows
@@ -80,7 +84,7 @@ def parse_line(line: str, defaults: dict[str, Any]) -> Item:
         raise ValueError(f"not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
-    unknown = set(obj) - {"id", "metadata", *INPUT_KEYS, *KNOBS}
+    unknown = set(obj) - {"id", "metadata", *INPUT_KEYS, *KNOBS, *TOOL_KEYS}
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
     inputs = [k for k in INPUT_KEYS if k in obj]
@@ -88,7 +92,9 @@ def parse_line(line: str, defaults: dict[str, Any]) -> Item:
         raise ValueError("needs exactly one of prompt, messages, token_ids")
     if not isinstance(obj.get("id", ""), (str, int)) or isinstance(obj.get("id"), bool):
         raise ValueError("id must be a string or an integer")
-    knobs = defaults | {k: obj[k] for k in KNOBS if k in obj}
+    if inputs[0] != "messages" and any(obj.get(k) is not None for k in TOOL_KEYS):
+        raise ValueError("tools, tool_choice and parallel_tool_calls need \"messages\" (a chat)")
+    knobs = defaults | {k: obj[k] for k in (*KNOBS, *TOOL_KEYS) if obj.get(k) is not None}
     prompt = obj[inputs[0]]
     try:
         build_request(prompt, **knobs)  # type and range checks a server would otherwise fail on
@@ -209,6 +215,8 @@ async def run_item(client: AsyncCelerisClient, item: Item, timeout: Optional[flo
                                               "generated_tokens": res.usage.generated_tokens,
                                               "forward_passes": res.usage.forward_passes},
                 "request_id": res.request_id}
+        if item.knobs.get("tools"):  # what the server read from the answer: its calls and the text beside them
+            rec |= {"tool_calls": [c.openai() for c in res.tool_calls], "content": res.content}
     rec["latency_s"] = round(time.perf_counter() - t0, 4)
     if item.metadata is not None:
         rec["metadata"] = item.metadata

@@ -156,12 +156,45 @@ def check_parameters(params: object, field: str) -> dict:
 
 
 def args_schema(schema: dict, separators: tuple[str, str] = (",", ":")) -> dict:
-    """The schema as enforcement compiles it: the client's own x-guidance (if any) overridden by
-    the structured-outputs options, so nothing a client sends relaxes what is served;
-    `separators` (item, key) as the family's template writes arguments (`tojson`: ", ", ": ")."""
+    """The schema as enforcement compiles it: OpenAI's strict reading of objects (`strict_objects`),
+    the client's own x-guidance (if any) overridden by the structured-outputs options, so nothing a
+    client sends relaxes what is served; `separators` (item, key) as the family's template writes
+    arguments (`tojson`: ", ", ": ")."""
+    schema = strict_objects(schema)
     own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
     item, key = separators
     return {**schema, "x-guidance": {**own, **OPTIONS, "item_separator": item, "key_separator": key}}
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+
+
+def strict_objects(schema: object, strict: bool = True) -> object:
+    """A copy of `schema` where an object that lists `properties` and says nothing about other
+    keys (no `additionalProperties`, `patternProperties` or `unevaluatedProperties`) takes no
+    others: OpenAI's strict reading, so a forced call carries only the keys its function names (JSON
+    Schema's own default would let a small model add any). A schema that says otherwise is kept.
+    `allOf` members are left open (each names only part of the object's keys)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: strict_objects(sub) for name, sub in out[k].items()}
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [strict_objects(sub) for sub in out[k]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [strict_objects(sub, strict=False) for sub in out["allOf"]]
+    for k in _SCHEMA_ONE:
+        if isinstance(out.get(k), dict):
+            out[k] = strict_objects(out[k])
+    open_ = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
+    if strict and isinstance(out.get("properties"), dict) and not any(k in out for k in open_):
+        out["additionalProperties"] = False
+    return out
 
 
 def compile_problems(tools: Sequence[dict], verdicts: Verdicts, budget_s: float = TOOLS_COMPILE_S,

@@ -23,7 +23,7 @@ import torch
 from celeris.engine.errors import RowFailed
 from celeris.engine.loop.runner_api import RowResult
 from celeris.engine.sampling.batch import SamplingBatch, Selection, SelectionRule, Window
-from celeris.engine.sampling.choice import option_probabilities
+from celeris.engine.sampling.choice import decide, option_probabilities
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.select import published_order, select_tokens, token_logprobs, with_edits
 from celeris.engine.structured.masks import window_masks
@@ -130,8 +130,10 @@ def select_step(logits: torch.Tensor, step: SelectionInput) -> tuple[torch.Tenso
     rows' results: the host's wait for the device)."""
     batch, window, rule = step.batch, step.window, step.rule
     tokens = window.tokens
+    scoring: dict[int, Exception] = {}  # the decision narrows this step's masks: scored first
+    choices = choice_scores(logits, step.structure, scoring, batch)  # before anything writes the logits
     front, allowed, failed = window_masks(_mask_rows(step.structure), tokens.shape[1], tokens.device)
-    choices = choice_scores(logits, step.structure, failed)  # before anything writes the logits
+    failed.update(scoring)
     candidate = window.candidate if front is None else window.candidate & front  # none for a failed row
     bad = nonfinite_rows(logits, step.real)
     candidate = isolate(candidate, bad)
@@ -214,12 +216,14 @@ def _commit_round(picks: torch.Tensor, left: dict[int, int], structure: Seq[Opti
     return rows
 
 
-def choice_scores(logits: torch.Tensor, structure: Seq[Optional[ConstraintRow]], failed: dict[int, Exception]
-                  ) -> dict[int, torch.Tensor]:
+def choice_scores(logits: torch.Tensor, structure: Seq[Optional[ConstraintRow]], failed: dict[int, Exception],
+                  batch: SamplingBatch) -> dict[int, torch.Tensor]:
     """{row: (K,) option probabilities} of the rows whose choice is scored at this step
     (`Constraint.choice_columns`), from their own window logits (B, W, V), raw as the model wrote
-    them. A Python walk over the step's rows, and work only for rows that asked: every other row
-    costs one attribute read. A row whose scoring raises joins `failed` (it ends alone)."""
+    them; each such row's constraint then writes the option they decide (`choice.decide`: the
+    argmax at temperature 0, a seeded draw when sampling). A Python walk over the step's rows, and
+    work only for rows that asked: every other row costs one attribute read. A row whose scoring
+    raises joins `failed` (it ends alone)."""
     out: dict[int, torch.Tensor] = {}
     for r, entry in enumerate(structure):
         if entry is None or r in failed or not getattr(entry.constraint, "score_choices", False):
@@ -229,6 +233,7 @@ def choice_scores(logits: torch.Tensor, structure: Seq[Optional[ConstraintRow]],
             if cols is not None:
                 index = torch.tensor(cols, device=logits.device)
                 out[r] = option_probabilities(logits[r].index_select(0, index), entry.constraint.choice_ids())
+                entry.constraint.decide(decide(out[r], float(batch.temperature[r]), int(batch.seed[r])))
         except Exception as e:  # this row's own structure: it fails alone
             failed[r] = e
     return out

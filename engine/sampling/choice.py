@@ -18,6 +18,8 @@ What it is not: not calibrated (a mean-field product of one forward's marginals,
 probability of the path the sampler takes, which commits one token a step and conditions each on
 the last), not the probability of other tokenisations of the same text, and not affected by
 temperature, penalties or top-k/top-p (the model's own logits, as `logprobs` reports them).
+The option written is decided by these numbers (`decide`): the most probable at temperature 0,
+one drawn from them when sampling, so the text and the probabilities never disagree.
 docs/structured-outputs.md says the same to users.
 """
 
@@ -37,3 +39,13 @@ def option_probabilities(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
     # preference among them: uniform, not NaN.
     scores = torch.where(scores.isneginf().all(), torch.zeros_like(scores), scores)
     return torch.softmax(scores, dim=0)
+
+
+def decide(probs: torch.Tensor, temperature: float, seed: int) -> int:
+    """The option a choice writes, from its probabilities (K,): the most probable at temperature 0
+    (the first of equals), else one drawn from them with a generator seeded by the request's seed
+    (the same seed, the same option, alone or batched)."""
+    if temperature <= 0:
+        return int(torch.argmax(probs).item())
+    gen = torch.Generator().manual_seed(seed & (2**63 - 1))
+    return int(torch.multinomial(probs.double().cpu(), 1, generator=gen).item())

@@ -50,6 +50,7 @@ class Constraint:
         # probabilities (a choice with logprobs; engine/requests.py sets it), and whether they are taken.
         self.score_choices = False
         self._scored = False
+        self._decided_end: Optional[int] = None  # after the decided option: the position that takes the filler
 
     @property
     def choice_horizon(self) -> int:
@@ -79,6 +80,20 @@ class Constraint:
         H, filler = self.choice_horizon, self.layout.slots[0].filler
         return torch.tensor([list(ids[:H]) + [filler] * (H - len(ids)) for _, ids in self.layout.choices],
                             dtype=torch.long)
+
+    def decide(self, k: int) -> None:
+        """Typed decisions: the choice writes option k, the one its probabilities picked (one
+        decision, one computation: the text is the option the numbers rank or draw). Its tokens go
+        to the matcher now and each position allows only its token, then the filler (so a prefix
+        option, `yes` beside `yesterday`, ends there). Called in the scoring step, before its masks."""
+        s, ids = self.layout.slots[0], list(self.layout.choices[k][1])
+        taken = self._matchers[0].try_consume_tokens(ids)  # the canonical tokens, as scored: all of them
+        for j, t in enumerate(ids[:taken]):
+            self._force[s.start + j] = t
+            self._by_front[s.start + j] = 0
+        self._by_front[s.start + taken] = 0
+        if taken == len(ids):
+            self._decided_end = s.start + taken
 
     def fixed(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """(position, token) of the structure's fixed tokens in [lo, hi): the skeleton, and the stop
@@ -154,7 +169,7 @@ class Constraint:
         if pos in self._force:  # a token the grammar forces, already consumed
             words[:] = 0
             filler = self._force[pos]
-        elif self._ended[i]:
+        elif self._ended[i] or pos == self._decided_end:  # ended, or the decided option is written
             words[:] = 0
         elif s.forced and (close := self._closers[i].closing(self._matchers[i], self._room(s, pos))) is not None:
             words[:] = 0  # the canvas runs short: only the completion's next token, to the document's end

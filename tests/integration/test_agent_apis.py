@@ -183,3 +183,30 @@ def test_openapi_lists_both_apis(live):
     for path, schema in (("/v1/responses", "ResponsesRequest"), ("/v1/messages", "MessagesRequest")):
         ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith(schema) and doc["components"]["schemas"][schema]["properties"]
+
+
+# ---------------------------------------------------------------- celeris batch
+
+
+def test_batch_lines_take_tools_and_tool_choice(live, tmp_path, capsys):
+    from celeris.server.cli import main as celeris
+
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    lines = [{"id": "call", "messages": [{"role": "user", "content": QUESTION}], "tools": tools,
+              "tool_choice": "required", "gen_length": 64, "seed": 1},
+             {"id": "named", "messages": [{"role": "user", "content": QUESTION}], "tools": tools, "gen_length": 64,
+              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False},
+             {"id": "unknown-tool", "messages": [{"role": "user", "content": "x"}], "tools": tools,
+              "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+             {"id": "not-chat", "prompt": "x", "tools": tools}]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert celeris(["batch", str(src), str(dst), "--server", live.grpc_target]) == 1
+    assert "in.jsonl:4: skipped: tools, tool_choice and parallel_tool_calls need" in capsys.readouterr().err
+    recs = {r["id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    for k in ("call", "named"):
+        assert recs[k]["status"] == "ok" and recs[k]["finish_reason"] == "tool_calls", recs[k]
+        call = recs[k]["tool_calls"][0]
+        assert call["function"]["name"] == "get_weather" and call["id"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    assert recs["unknown-tool"]["status"] == "error" and recs["unknown-tool"]["error"]["code"] == "INVALID_ARGUMENT"

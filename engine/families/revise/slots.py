@@ -27,7 +27,7 @@ from celeris.engine.families.revise.model import DiffusionGemma, KVCache
 from celeris.engine.families.revise.sampler import (ReviseParams, RowDraw, RowNoise, StopRule, conditioning_input,
                                                     denoise_row_)
 from celeris.engine.families.selection import NONFINITE, nonfinite_rows
-from celeris.engine.sampling.choice import option_probabilities
+from celeris.engine.sampling.choice import decide, option_probabilities
 from celeris.engine.structured.constraint import Constraint, unpack
 
 
@@ -186,11 +186,15 @@ class SlotState:
         """A choice asked with logprobs: its options' probabilities (engine/sampling/choice.py) over
         the model's own logits (L, V) of the forward that commits the slot's first token, as the
         mask families score theirs: here the last step of the first canvas, whose logits the commit
-        reads. `Constraint.choice_columns` decides (once, at the slot's first position)."""
+        reads. `Constraint.choice_columns` says where (once, at the slot's first position). The
+        option written is the one these numbers decide (`choice.decide`: the most probable at t_min
+        0, else a draw seeded by the request's seed), so text and probabilities never disagree."""
         c, lo = self.constraint, len(self.final)
         cols = c.choice_columns([lo + j for j in range(raw.shape[0])])
         if cols is not None:
-            self.choices = tuple(option_probabilities(raw[cols], c.choice_ids()).tolist())
+            probs = option_probabilities(raw[cols], c.choice_ids())
+            self.choices = tuple(probs.tolist())
+            c.decide(decide(probs, self.params.t_min, self.seed))
 
     def _allowed(self, pos: int) -> torch.Tensor:
         """(V,) bool: what the slot whose front is `pos` may commit there, through the mask families'

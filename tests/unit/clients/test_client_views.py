@@ -87,6 +87,14 @@ def test_parse_line_accepts_inputs_and_knobs():
     assert item.metadata == {"k": 1}
     assert parse_line('{"messages": [{"role": "user", "content": "x"}]}', {}).prompt[0]["role"] == "user"
     assert parse_line('{"token_ids": [1, 2]}', {}).prompt == [1, 2]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = parse_line(json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+                                  "tool_choice": "required", "parallel_tool_calls": False}), {})
+    assert chat.knobs == {"tools": tools, "tool_choice": "required", "parallel_tool_calls": False}
+    with pytest.raises(ValueError, match="need \"messages\""):
+        parse_line(json.dumps({"prompt": "x", "tools": tools}), {})
+    with pytest.raises(ValueError, match="tool_choice"):  # checked as the client would build it
+        parse_line(json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": 3}), {})
 
 
 @pytest.mark.parametrize("line, why", [

@@ -2,7 +2,9 @@
 option, the softmax over the options of their tokens' summed log-probabilities in the forward that
 commits the slot's first token (filler past each option's end, up to one past the longest). The
 numbers sum to 1, match a hand computation, are the same alone and beside other requests, and
-asking for them changes no token; on DiffusionGemma too (its first canvas's commit step)."""
+asking for them changes no token; they decide the option written (the most probable at temperature
+0, a seeded draw from them when sampling: one decision, one computation); on DiffusionGemma too (its
+first canvas's commit step)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import EMBEDDED_MODELS, LLM
 from celeris.engine.requests import Request
-from celeris.engine.sampling.choice import option_probabilities
+from celeris.engine.sampling.choice import decide, option_probabilities
 from celeris.engine.structured.constraint import Structured
 
 OPTIONS = ["yes", "no", "maybe", "yesno"]  # one a prefix of another
@@ -73,7 +75,8 @@ def _alone_and_batched(llm, sizes):
     assert list(probs) == OPTIONS and abs(sum(probs.values()) - 1) < 1e-6
     assert all(0 < v < 1 for v in probs.values())
     plain = llm.run([_choice(llm, _params(llm))])[0]
-    assert plain.choice_probabilities is None and plain.token_ids == alone.token_ids  # no token changes
+    assert plain.choice_probabilities is None and plain.text in OPTIONS  # not asked: none
+    assert alone.text == max(probs, key=probs.get)  # asked: the option they rank first (temperature 0)
     for n in sizes:  # n + 1 rows in the forward
         others = _others(llm, n)
         mixed = llm.run(others[:1] + [_choice(llm, _params(llm, logprobs=0))] + others[1:])
@@ -89,6 +92,45 @@ def test_probabilities_sum_to_one_and_are_the_same_alone_and_batched(llm):
 @pytest.mark.slow
 def test_probabilities_are_the_same_in_batches_of_two_to_seven(llm):
     _alone_and_batched(llm, (1, 3, 4, 6))
+
+
+PROMPTS = ["Is it?", "Yes or no?", "Maybe?", "Is the sky green?", "Do cats bark?"]
+
+
+def test_the_option_written_is_the_most_probable_at_temperature_0_in_50_requests(llm):
+    """50 requests (5 prompts x 10 seeds), ten to a batch beside a free request: each writes the
+    option its probabilities rank first."""
+    asked = [(prompt, seed) for prompt in PROMPTS for seed in range(10)]
+    results = []
+    for at in range(0, len(asked), 10):
+        seqs = [_choice(llm, _params(llm, logprobs=0, temperature=0.0, seed=seed), prompt)
+                for prompt, seed in asked[at:at + 10]]
+        results += llm.run(seqs + _others(llm, 1))[:len(seqs)]
+    assert len(results) == 50
+    wrong = [(r.text, r.choice_probabilities) for r in results if r.text != max(r.choice_probabilities,
+                                                                                  key=r.choice_probabilities.get)]
+    assert not wrong
+
+
+def test_sampling_draws_the_option_from_the_probabilities_with_the_seed(llm):
+    """At temperature 1 the option is the seeded draw from the probabilities the answer reports:
+    the same seed draws the same option, alone or batched, and other seeds draw others."""
+    got = {}
+    for seed in range(12):
+        r = llm.run([_choice(llm, _params(llm, logprobs=0, temperature=1.0, seed=seed))])[0]
+        probs = torch.tensor(list(r.choice_probabilities.values()), dtype=torch.float64)
+        assert r.text == OPTIONS[decide(probs, 1.0, seed)]
+        got[seed] = r.text
+    batched = llm.run(_others(llm, 2) + [_choice(llm, _params(llm, logprobs=0, temperature=1.0, seed=5))])[-1]
+    assert batched.text == got[5]
+
+
+def test_decide_is_the_argmax_or_a_seeded_draw():
+    p = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    assert decide(p, 0.0, 1) == 1 and decide(torch.tensor([0.5, 0.5]), 0.0, 9) == 0  # the first of equals
+    draws = [decide(p, 1.0, s) for s in range(2000)]
+    assert draws == [decide(p, 1.0, s) for s in range(2000)]  # seeded
+    assert [round(draws.count(k) / 2000, 1) for k in range(3)] == [0.2, 0.5, 0.3]
 
 
 def test_probabilities_are_scored_once_on_the_first_forwards_raw_logits(llm, monkeypatch):
@@ -145,7 +187,7 @@ def _gemma_choice(gemma, seed=1, **kw):
 def test_diffusion_gemma_scores_its_options_on_the_commit_step(gemma, monkeypatch):
     """DiffusionGemma (revise/slots.py): scored once, on the model's own logits of the step that
     commits the first canvas (the forward whose logits commit the slot's first token); the numbers
-    sum to 1, are the same beside free rows, and asking for them changes no token."""
+    sum to 1, are the same beside free rows, and change no other row's tokens."""
     import celeris.engine.families.revise.slots as slots
 
     calls, real = [], slots.option_probabilities
@@ -158,8 +200,7 @@ def test_diffusion_gemma_scores_its_options_on_the_commit_step(gemma, monkeypatc
     assert list(probs.values()) == pytest.approx(real(*calls[0]).tolist(), abs=0)
     assert list(probs) == OPTIONS and abs(sum(probs.values()) - 1) < 1e-9 and all(0 < v < 1 for v in probs.values())
     assert alone.text in OPTIONS
-    plain = gemma.run([_gemma_choice(gemma)])[0]
-    assert plain.choice_probabilities is None and plain.token_ids == alone.token_ids
+    assert gemma.run([_gemma_choice(gemma)])[0].choice_probabilities is None
     def free():
         return [gemma.build(Request(prompt="Once upon", params=replace(
             gemma.defaults, gen_length=32, block_length=32, steps=1, seed=k, max_denoising_steps=3, ignore_eos=True)))
@@ -169,3 +210,12 @@ def test_diffusion_gemma_scores_its_options_on_the_commit_step(gemma, monkeypatc
     mixed = gemma.run(others[:1] + [_gemma_choice(gemma, logprobs=0)] + others[1:])
     assert mixed[1].choice_probabilities == probs and mixed[1].token_ids == alone.token_ids
     assert [mixed[0].token_ids, mixed[2].token_ids] == want
+
+
+def test_diffusion_gemma_writes_the_option_its_probabilities_decide(gemma):
+    """One decision on DiffusionGemma too: at t_min 0 the option written is the most probable one,
+    for every seed (the greedy constrained pass alone disagreed with the numbers)."""
+    for seed in range(6):
+        r = gemma.run([_gemma_choice(gemma, seed=seed, logprobs=0, t_min=0.0)])[0]
+        probs = r.choice_probabilities
+        assert r.text == max(probs, key=probs.get), (seed, r.text, probs)

@@ -43,7 +43,10 @@ def test_responses_items_become_one_chat_conversation():
     assert body["tools"] == [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER,
                                                                "strict": True}}]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
+    assert "response_format" not in body  # a forced call has no text to shape: the format waits for a text turn
+    auto = ResponsesShape().request({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "auto",
+                                     "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}})
+    assert auto["response_format"] == {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}
     assert (body["max_tokens"], body["temperature"], body["seed"], body["model"]) == (48, 0, 3, "m")
     assert "store" not in body and "include" not in body
 
