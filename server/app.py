@@ -4,7 +4,7 @@ lifecycle and one guard, health, reflection, interceptors, telemetry.
 `create_server(llm, settings)` returns a started server and its bound port, so tests bind
 port 0. `stop()` drains: health NOT_SERVING, wait `drain_seconds` for load balancers to notice,
 then both doors refuse new work at once and in-flight streams get one `grace_seconds`, shared.
-The command line (`celeris serve`) lives in server/cli_commands.py.
+The command line (`celeris serve`) lives in server/cli/commands.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from celeris.engine.serving import LLM, Engine, TensorThread
 from celeris.server.errors import PortInUse
 from celeris.server.guard import Guard
 from celeris.server.health import Health
-from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
+from celeris.server.grpc.interceptors import AccessLogInterceptor, GuardInterceptor
 from celeris.server.lifecycle import Lifecycle
-from celeris.server.malformed import MalformedInterceptor, request_types
-from celeris.server.servicer import GenerationServicer
+from celeris.server.grpc.malformed import MalformedInterceptor, request_types
+from celeris.server.grpc.servicer import GenerationServicer
 from celeris.server.settings import ServerSettings, check_distinct_ports
 from celeris.server.tools_api import resolve
 from celeris.server.telemetry import Telemetry
@@ -93,7 +93,7 @@ class CelerisServer:
             self._metrics_server = _bound(lambda: self.telemetry.metrics.serve(s.metrics_port, host),
                                           "metrics", host, s.metrics_port)
         if s.http_port is not None:
-            from celeris.server.http_gateway import HttpGateway
+            from celeris.server.http.gateway import HttpGateway
 
             http = HttpGateway(engine, s, health=self.health, lifecycle=self.lifecycle, guard=self.guard)
             await http.start(s.http_port)  # cleans up after itself if its port is taken
@@ -179,7 +179,7 @@ def _free(host: str, port: int, door: str) -> None:
     """Raise PortInUse (one line, naming the reason) if `port` cannot be bound on `host`: a
     socket bound and closed with the options gRPC uses (SO_REUSEADDR, dual-stack "[::]"). A port
     taken between this check and gRPC's bind still fails, through `_bound`."""
-    from celeris.server.http_transport import listening_socket  # aiohttp's module: only when binding
+    from celeris.server.http.transport import listening_socket  # aiohttp's module: only when binding
 
     try:
         listening_socket(host, port).close()

@@ -12,7 +12,7 @@ from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from celeris.engine.errors import EngineError, InvalidRequest
 from celeris.engine.serving import LLM
-from celeris.server import convert
+from celeris.server.grpc import convert
 from celeris.server.errors import abort
 from celeris.server.lifecycle import Lifecycle, merged_events
 from celeris.server.tools_api import Parsers, resolve

@@ -3,8 +3,8 @@
 Routes: one table, `ROUTES` (at the end), from which the gateway registers, guards and logs every
 route and /openapi.json lists them: generation (POST /v1/completions, /v1/chat/completions),
 GET /v1/models[/{id}], GET /health and GET / (the web page, clients/web/index.html) are handled
-here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in http_extras.py;
-/ping and /openapi.json in http_vllm.py. Requests go to the same engine as gRPC, so both
+here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in extras.py;
+/ping and /openapi.json in vllm_routes.py. Requests go to the same engine as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
@@ -27,15 +27,15 @@ from aiohttp import web
 from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
 from celeris.engine.events import StepEvent
 from celeris.engine.serving import Engine, Prepared
-from celeris.server import openai_api, tools_api
+from celeris.server import tools_api
 from celeris.server.errors import RequestTimeout
-from celeris.server.http_body import read_json
-from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
-from celeris.server import http_extras, http_vllm
+from celeris.server.http.body import read_json
+from celeris.server.http.transport import JsonErrorRunner, listening_socket, tls_context
+from celeris.server.http import extras, openai_api, vllm_routes
 from celeris.server.guard import Guard
-from celeris.server.http_extras import Cors, HostCheck
+from celeris.server.http.extras import Cors, HostCheck
 from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
-from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
+from celeris.server.http.openai_responses import Responder, merge_finals, sse, usage_chunk
 from celeris.server.settings import ServerSettings
 
 log = structlog.get_logger("celeris.http")
@@ -117,7 +117,7 @@ class HttpGateway:
         # handler_cancellation: a client that disconnects cancels its handler, hence its request.
         # keepalive_timeout: aiohttp closes a connection that has not sent a whole request line and
         # headers this long after it opened or after its last response (slow senders included).
-        # auto_decompress off: bodies are inflated off the loop, under the size limit (http_body.py).
+        # auto_decompress off: bodies are inflated off the loop, under the size limit (http/body.py).
         s = self.settings
         self._runner = JsonErrorRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None,
                                        keepalive_timeout=s.header_timeout_s, auto_decompress=False)
@@ -171,7 +171,7 @@ class HttpGateway:
             return resp
         except web.HTTPException as e:  # no such route (404), another method (405): JSON saying which
             status = e.status
-            return http_vllm.http_error(request, e)
+            return vllm_routes.http_error(request, e)
         except asyncio.CancelledError:
             status = 499  # the client went away
             raise
@@ -233,7 +233,7 @@ class HttpGateway:
         return await self.complete(request, chat=True)
 
     async def read_json(self, request: web.Request) -> Any:
-        """The request's JSON body (server/http_body.py: media type, size, encoding, timeout)."""
+        """The request's JSON body (server/http/body.py: media type, size, encoding, timeout)."""
         return await read_json(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
 
     async def _parse(self, body: Any, chat: bool) -> openai_api.GatewayRequest:
@@ -376,14 +376,14 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/completions", _G.completions, "text completion (OpenAI)", body="CompletionRequest"),
     Route("POST", "/v1/chat/completions", _G.chat_completions, "chat completion (OpenAI)",
           body="ChatCompletionRequest"),
-    Route("POST", "/tokenize", http_extras.tokenize, "prompt -> token ids (vLLM)"),
-    Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
-    Route("GET", "/version", http_extras.get_version, "the server's version", public=True),
-    Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
+    Route("POST", "/tokenize", extras.tokenize, "prompt -> token ids (vLLM)"),
+    Route("POST", "/detokenize", extras.detokenize, "token ids -> text (vLLM)"),
+    Route("GET", "/version", extras.get_version, "the server's version", public=True),
+    Route("GET", "/metrics", extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
           served=lambda s: s.metrics_on_http),
-    Route("GET", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
-    Route("POST", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
-    Route("GET", "/openapi.json", http_vllm.openapi_json, "this document (OpenAPI 3.1)", public=True),
+    Route("GET", "/ping", vllm_routes.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("POST", "/ping", vllm_routes.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("GET", "/openapi.json", vllm_routes.openapi_json, "this document (OpenAPI 3.1)", public=True),
 )
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)
 PROBE_PATHS = frozenset(r.path for r in ROUTES if r.probe)
