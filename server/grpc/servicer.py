@@ -1,21 +1,21 @@
-"""Thin gRPC handlers: convert, hand to the shared request lifecycle, convert back."""
+"""Thin gRPC handlers: convert, hand to the door-neutral pipeline (server/pipeline.py), convert back."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator
 
 import grpc
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.v1 import generation_pb2_grpc as pb_grpc
 from celeris.engine.errors import EngineError, InvalidRequest
-from celeris.engine.serving import LLM
+from celeris.engine.requests import Request
+from celeris.engine.serving import LLM, FormatterFactory
 from celeris.server.grpc import convert
 from celeris.server.errors import abort
-from celeris.server.lifecycle import Lifecycle, merged_events
-from celeris.server.tools_api import Parsers, resolve
+from celeris.server.pipeline import Pipeline
 
 GENERATE = "celeris.v1.GenerationService/Generate"
 
@@ -25,49 +25,36 @@ def _carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, llm: LLM, lifecycle: Lifecycle, served_name: str = "", parsers: Optional[Parsers] = None):
-        self.llm, self.lifecycle = llm, lifecycle
+    def __init__(self, llm: LLM, pipeline: Pipeline, served_name: str = ""):
+        self.llm, self.pipeline = llm, pipeline
         self.served_name = served_name or llm.name  # --served-model-name, else the model's own
-        # Tool-call and reasoning parsers (--tool-call-parser / --reasoning-parser, else detected from
-        # the chat template): the HTTP gateway's, resolved the same way when none are handed in.
-        self.parsers = parsers if parsers is not None else resolve(llm.tokenizer.chat_template,
-                                                                          specials=llm.tokenizer.special_markers)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
-        start = lambda: self.lifecycle.start("grpc", GENERATE, _carrier(context), context.peer(),  # noqa: E731
-                                             request.prompt)
-        lives = [start()]
-        try:
+        async with self.pipeline.call("grpc", GENERATE, _carrier(context), context.peer(), request.prompt) as call:
             try:
-                plan = convert.stream_plan(request)
-                # Tools are checked by compiling their schemas: on a worker thread, never the loop.
-                tools = (await asyncio.to_thread(convert.tool_request, request) if request.tools
-                         else convert.tool_request(request))
-                reqs = convert.engine_requests(request, self.llm.defaults, self.parsers, tools)
-                reader = convert.answer_reader(request, tools, self.parsers)  # tool calls, reasoning
-                lives += [start() for _ in reqs[1:]]  # one request lifecycle per sample (GenerateRequest.n)
-                formatters = [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k, reader=reader)
-                              for k in range(len(reqs))]  # messages are built off the loop
-                streams = await self.lifecycle.submit(lives, reqs, formatters)  # all samples or none
-                if (path := streams[0].structure_path):  # as HTTP's x-celeris-structure-path header
-                    await context.send_initial_metadata((("x-celeris-structure-path", path),))
+                await call.open(*await self._mapped(request))  # all samples (GenerateRequest.n) or none
+                if call.structure_path:  # as HTTP's x-celeris-structure-path header
+                    await context.send_initial_metadata((("x-celeris-structure-path", call.structure_path),))
             except EngineError as e:
-                e = convert.proto_violations(e) if isinstance(e, InvalidRequest) else e
-                lives[0].fail(e)
-                await abort(context, e)
+                await abort(context, call.fail(convert.proto_violations(e) if isinstance(e, InvalidRequest) else e))
             try:
-                async for ev in merged_events(lives):
-                    if isinstance(ev.formatted, Exception):  # a formatting bug: INTERNAL
-                        lives[0].fail(ev.formatted)
-                        await abort(context, ev.formatted)
-                    if ev.formatted is not None:
-                        yield ev.formatted
-            except EngineError as e:  # a failed step
+                async for message in call.messages():
+                    yield message
+            except Exception as e:  # a failed step, or a formatting bug (INTERNAL)
                 await abort(context, e)
-        finally:
-            for life in lives:
-                life.close()
+
+    async def _mapped(self, request: pb.GenerateRequest) -> tuple[list[Request], list[FormatterFactory]]:
+        """The engine requests of each sample and the makers of their message formatters (messages are
+        built off the loop). Tools are checked by compiling their schemas: on a worker thread."""
+        parsers = self.pipeline.parsers
+        plan = convert.stream_plan(request)
+        tools = (await asyncio.to_thread(convert.tool_request, request) if request.tools
+                 else convert.tool_request(request))
+        reqs = convert.engine_requests(request, self.llm.defaults, parsers, tools)
+        reader = convert.answer_reader(request, tools, parsers)  # tool calls, reasoning
+        return reqs, [functools.partial(convert.ChoiceFormatter, plan, self.llm.tokenizer, k, reader=reader)
+                      for k in range(len(reqs))]
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.GetModelInfoResponse:
         return convert.model_info(self.llm, self.served_name)

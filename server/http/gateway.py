@@ -8,18 +8,20 @@ here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in e
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
-request whose client went away. The request itself goes through server.lifecycle, like gRPC.
+request whose client went away. The request itself goes through server/pipeline.py, like gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import importlib.util
 import time
 import types
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import structlog
 from aiohttp import web
@@ -34,7 +36,7 @@ from celeris.server.http.transport import JsonErrorRunner, listening_socket, tls
 from celeris.server.http import extras, openai_api, vllm_routes
 from celeris.server.guard import Guard
 from celeris.server.http.extras import Cors, HostCheck
-from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
+from celeris.server.pipeline import Call, Pipeline
 from celeris.server.http.openai_responses import Responder, merge_finals, sse, usage_chunk
 from celeris.server.settings import ServerSettings
 
@@ -62,16 +64,13 @@ def error_json(exc: BaseException) -> web.Response:
 
 
 class HttpGateway:
-    def __init__(self, engine: Engine, settings: ServerSettings, health: Any = None,
-                 lifecycle: Optional[Lifecycle] = None, guard: Optional[Guard] = None):
-        """`health` (server.health.Health) drives /health; `lifecycle` and `guard` are the gRPC
-        door's, so both doors share them."""
-        from celeris.server.telemetry import Telemetry
-
+    def __init__(self, engine: Engine, settings: ServerSettings, pipeline: Pipeline, guard: Guard,
+                 health: Any = None):
+        """`pipeline` and `guard` are the gRPC door's, so both doors share them; `health`
+        (server.health.Health) drives /health."""
         self.engine, self.llm, self.settings, self.health = engine, engine.llm, settings, health
-        llm = engine.llm
-        self.lifecycle = lifecycle or Lifecycle(engine, Telemetry())
-        self.guard = guard or Guard(settings.api_token, settings.rate_limit, settings.rate_burst)
+        self.pipeline, self.guard = pipeline, guard
+        self.parsers = pipeline.parsers  # tool-call and reasoning parsers, resolved once for both doors
         self.port = 0
         self.draining = False
         self._runner: Optional[web.AppRunner] = None
@@ -81,10 +80,7 @@ class HttpGateway:
         self._idle.set()
         self._page = b""
         self._created = int(time.time())
-        self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
-        # Tool-call and reasoning parsers: the settings' names, else detected from the chat template.
-        self.parsers = tools_api.resolve(llm.tokenizer.chat_template, settings.tool_call_parser,
-                                         settings.reasoning_parser, llm.tokenizer.special_markers)
+        self.model_names: tuple[str, ...] = settings.model_names(engine.llm.name)  # served name, then aliases
 
     @property
     def inflight(self) -> int:
@@ -248,62 +244,51 @@ class HttpGateway:
 
     async def complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
-        start = lambda: self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")  # noqa: E731
-        lives = [start()]
+        async with self._tracked() as task, self.pipeline.call("http", f"POST {request.path}", carrier,
+                                                                request.remote or "") as call:
+            req = None
+            try:
+                req = await self._parse(await self.read_json(request), chat)
+                responders: list[Responder] = []
+                reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
+                await call.open(reqs, [functools.partial(self._responder, req, chat, responders)] * len(reqs))
+            except EngineError as e:
+                return error_json(call.fail(openai_api.rename_fields(e, req) if isinstance(e, InvalidRequest) else e))
+            call.on_abandon(task.cancel if task is not None else None)  # a client that stopped reading: drop it
+            extra = {"X-Celeris-Structure-Path": call.structure_path} if call.structure_path else {}
+            if req.stream:
+                return await self._stream(request, responders, call, req.n if req.include_usage else 0, extra)
+            try:
+                finals = await call.finals()
+                if any(ev is None for ev in finals):
+                    raise call.fail(Unavailable("the request was dropped before its first step (server stopping)"))
+            except EngineError as e:
+                return error_json(e)
+            return web.json_response(merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n),
+                                     headers={"X-Request-Id": call.streams[0].request_id, **extra})
+
+    def _responder(self, req: openai_api.GatewayRequest, chat: bool, responders: list[Responder],
+                   prepared: Prepared) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
+        """Choice k's Responder, made as it is admitted (choices in order; all share the first choice's
+        id); a streaming request's choices get its formatter, run in the formatter thread."""
+        k = len(responders)
+        rid = responders[0].request_id if responders else prepared.request_id
+        reader = tools_api.reader(req.tools, self.parsers) if chat else None
+        responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
+                                    echo=self._echo(req, k), provisional=req.params.provisional, reader=reader))
+        return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "") if req.stream else None
+
+    @contextlib.asynccontextmanager
+    async def _tracked(self) -> AsyncIterator[Optional[asyncio.Task]]:
+        """A generation handler in flight (its task): stopping waits for them, then cancels what is stuck."""
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
         self._inflight += 1
         self._idle.clear()
         try:
-            try:
-                req = None
-                body = await self.read_json(request)
-                req = await self._parse(body, chat)
-                reader = tools_api.reader(req.tools, self.parsers) if chat else None
-                reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
-                lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
-                responders: list[Responder] = []
-
-                def formatter(prepared: Prepared) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
-                    """Choice k's Responder, made as it is admitted (choices in order; all share the
-                    first choice's id); streams get its formatter, run in the formatter thread."""
-                    k = len(responders)
-                    rid = responders[0].request_id if responders else prepared.request_id
-                    responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
-                                                echo=self._echo(req, k), provisional=req.params.provisional,
-                                                reader=reader))
-                    if not req.stream:
-                        return None
-                    return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "")
-
-                streams = await self.lifecycle.submit(lives, reqs, [formatter] * len(reqs))  # all or none
-                for stream in streams:  # a client that stopped reading: drop its connection
-                    stream.on_abandon = task.cancel if task is not None else None
-            except InvalidRequest as e:
-                e = openai_api.rename_fields(e, req)
-                lives[0].fail(e)
-                return error_json(e)
-            except EngineError as e:
-                lives[0].fail(e)
-                return error_json(e)
-            rid = streams[0].request_id
-            extra = {"X-Celeris-Structure-Path": path} if (path := streams[0].structure_path) else {}
-            if req.stream:
-                return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra)
-            try:
-                finals = await asyncio.gather(*(self._last(life) for life in lives))
-            except EngineError as e:
-                return error_json(e)
-            if any(ev is None for ev in finals):
-                e = Unavailable("the request was dropped before its first step (server stopping)")
-                lives[0].fail(e)
-                return error_json(e)
-            return web.json_response(merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n),
-                                     headers={"X-Request-Id": rid, **extra})
+            yield task
         finally:
-            for life in lives:
-                life.close()  # frees the scheduler slots if we leave early (disconnect, error)
             self._handlers.discard(task)
             self._inflight -= 1
             if not self._inflight:
@@ -315,15 +300,7 @@ class HttpGateway:
         prompt = req.prompts[k // req.n]
         return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(prompt)
 
-    @staticmethod
-    async def _last(life: LiveRequest) -> Optional[StepEvent]:
-        last = None
-        async for last in life.events():
-            pass
-        return last
-
-    async def _stream(self, request: web.Request, responders: list[Responder],
-                      lives: list[LiveRequest], usage_n: int = 0,
+    async def _stream(self, request: web.Request, responders: list[Responder], call: Call, usage_n: int = 0,
                       extra: Optional[dict[str, str]] = None) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
         already built by each choice's formatter in the formatter thread; `usage_n` (the request's
@@ -334,16 +311,13 @@ class HttpGateway:
         await resp.prepare(request)
         try:
             try:
-                async for _, ev in merged(lives):
-                    if isinstance(ev.formatted, Exception):  # a formatting bug ends the stream, as an error
-                        lives[0].fail(ev.formatted)
-                        await resp.write(sse(openai_api.error_response(ev.formatted)[1]))
-                        break
-                    if ev.formatted is not None:
-                        await resp.write(ev.formatted)
+                async for message in call.messages():
+                    await resp.write(message)
                 if usage_n and (last := usage_chunk(responders, usage_n)) is not None:
                     await resp.write(sse(last))
-            except EngineError as e:  # headers are sent: the error becomes the last event
+            except ConnectionError:
+                raise
+            except Exception as e:  # a failed step or a formatting bug; headers are sent: the error is the last event
                 await resp.write(sse(openai_api.error_response(e)[1]))
             await resp.write(sse("[DONE]"))
             await resp.write_eof()
