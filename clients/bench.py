@@ -9,7 +9,7 @@ concurrency and the server's max batch, lengths, steps and decoder (penalties in
 model's defaults unless the run sets them).
 
 A backend does the per-request work: `GrpcBackend` here (the Python client against a server),
-or the engine-side backend that `celeris bench --in-process` injects (server/bench_inprocess.py),
+or the engine-side backend that `celeris bench --in-process` injects (server/cli/bench_inprocess.py),
 so this module stays free of engine and torch imports.
 """
 

@@ -1,4 +1,4 @@
-"""`celeris generate | batch | bench`: the client commands (dispatched here by server/cli.py).
+"""`celeris generate | batch | bench`: the client commands (dispatched here by server/cli/entry.py).
 
     celeris generate --server localhost:50051 "Once upon a time" --steps 32
     celeris generate --chat --tools tools.json --tool-choice required "Weather in Paris?"
@@ -6,7 +6,7 @@
     celeris bench --server localhost:50051 --concurrency 8 --requests 64 --gen-length 64 --steps 32
 
 Never imports engine or torch. `celeris bench --in-process` needs an engine-side backend, which
-the `celeris` dispatcher passes in as `in_process` (see server/bench_inprocess.py).
+the `celeris` dispatcher passes in as `in_process` (see server/cli/bench_inprocess.py).
 """
 
 from __future__ import annotations

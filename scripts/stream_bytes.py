@@ -3,7 +3,7 @@
     python scripts/stream_bytes.py MODEL_DIR --gen-length 256 --steps 256 --block-length 32
 
 Runs the request once through the step loop, feeds every event to a full and a delta
-`celeris.server.convert.ChoiceFormatter` (as the step worker does), and prints messages, bytes per
+`celeris.server.grpc.convert.ChoiceFormatter` (as the step worker does), and prints messages, bytes per
 request (`ByteSize()` summed) and the mean build time per message of each; the third row is a
 delta stream that also carries the block's provisional predictions (StreamOptions.provisional).
 """
@@ -18,7 +18,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM, Request
 from celeris.engine.serving import Engine
 from celeris.engine.sampling.params import SamplingParams
-from celeris.server.convert import ChoiceFormatter, StreamPlan
+from celeris.server.grpc.convert import ChoiceFormatter, StreamPlan
 
 
 def main() -> None:

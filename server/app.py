@@ -4,7 +4,7 @@ lifecycle and one guard, health, reflection, interceptors, telemetry.
 `create_server(llm, settings)` returns a started server and its bound port, so tests bind
 port 0. `stop()` drains: health NOT_SERVING, wait `drain_seconds` for load balancers to notice,
 then both doors refuse new work at once and in-flight streams get one `grace_seconds`, shared.
-The command line (`celeris serve`) lives in server/cli_commands.py.
+The command line (`celeris serve`) lives in server/cli/commands.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from celeris.engine.serving import LLM, Engine, TensorThread
 from celeris.server.errors import PortInUse
 from celeris.server.guard import Guard
 from celeris.server.health import Health
-from celeris.server.interceptors import AccessLogInterceptor, GuardInterceptor
+from celeris.server.grpc.interceptors import AccessLogInterceptor, GuardInterceptor
 from celeris.server.lifecycle import Lifecycle
-from celeris.server.malformed import MalformedInterceptor, request_types
-from celeris.server.servicer import GenerationServicer
+from celeris.server.pipeline import Pipeline
+from celeris.server.grpc.malformed import MalformedInterceptor, request_types
+from celeris.server.grpc.servicer import GenerationServicer
 from celeris.server.settings import ServerSettings, check_distinct_ports
 from celeris.server.tools_api import resolve
 from celeris.server.telemetry import Telemetry
@@ -66,6 +67,9 @@ class CelerisServer:
         engine.start()
         self.guard = Guard(s.api_token, s.rate_limit, s.rate_burst, s.trust_forwarded_for, s.rate_limit_clients)
         self.lifecycle = Lifecycle(engine, self.telemetry, self.guard, s.max_streams_per_connection)
+        tok = self.llm.tokenizer  # the tool-call and reasoning parsers, resolved once for both doors
+        self.pipeline = Pipeline(self.lifecycle, resolve(tok.chat_template, s.tool_call_parser, s.reasoning_parser,
+                                                         tok.special_markers))
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         unary = request_types(generation_pb2.DESCRIPTOR.services_by_name["GenerationService"],
@@ -74,10 +78,7 @@ class CelerisServer:
         interceptors = [AccessLogInterceptor(), GuardInterceptor(self.guard), MalformedInterceptor(unary)]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=s.grpc_options())
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.llm, self.lifecycle, s.model_names(self.llm.name)[0],
-                               resolve(self.llm.tokenizer.chat_template, s.tool_call_parser, s.reasoning_parser,
-                                       self.llm.tokenizer.special_markers)),
-            self.grpc)
+            GenerationServicer(self.llm, self.pipeline, s.model_names(self.llm.name)[0]), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.grpc)
         reflection.enable_server_reflection([
             generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
@@ -93,9 +94,9 @@ class CelerisServer:
             self._metrics_server = _bound(lambda: self.telemetry.metrics.serve(s.metrics_port, host),
                                           "metrics", host, s.metrics_port)
         if s.http_port is not None:
-            from celeris.server.http_gateway import HttpGateway
+            from celeris.server.http.gateway import HttpGateway
 
-            http = HttpGateway(engine, s, health=self.health, lifecycle=self.lifecycle, guard=self.guard)
+            http = HttpGateway(engine, s, self.pipeline, self.guard, health=self.health)
             await http.start(s.http_port)  # cleans up after itself if its port is taken
             self.http = http  # only a started gateway is stopped (with a grace period and its log lines)
         if s.warmup:  # one tiny generation through the real path: the first user request is not the slow one
@@ -179,7 +180,7 @@ def _free(host: str, port: int, door: str) -> None:
     """Raise PortInUse (one line, naming the reason) if `port` cannot be bound on `host`: a
     socket bound and closed with the options gRPC uses (SO_REUSEADDR, dual-stack "[::]"). A port
     taken between this check and gRPC's bind still fails, through `_bound`."""
-    from celeris.server.http_transport import listening_socket  # aiohttp's module: only when binding
+    from celeris.server.http.transport import listening_socket  # aiohttp's module: only when binding
 
     try:
         listening_socket(host, port).close()

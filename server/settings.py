@@ -1,7 +1,7 @@
 """The server's settings: one frozen record both doors, the guard and the health service read
 (`ServerSettings`), and the checks a set of settings must pass before anything binds.
 
-`celeris serve` builds it from its flags (server/cli_commands.py), tests build it directly.
+`celeris serve` builds it from its flags (server/cli/commands.py), tests build it directly.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ServerSettings:
     metrics_on_http: bool = True  # /metrics on the HTTP gateway's port too (as vLLM does)
     http_port: Optional[int] = None
     allowed_origins: tuple[str, ...] = ()  # CORS for the HTTP gateway; () = off, ("*",) = any origin
-    allowed_hosts: tuple[str, ...] = ()  # HTTP Host names served beside loopback ones; ("*",) = any (http_extras)
+    allowed_hosts: tuple[str, ...] = ()  # HTTP Host names served beside loopback ones; ("*",) = any (server/http/extras.py)
     served_model_names: tuple[str, ...] = ()  # the name clients use, then aliases; () = the model's own name
     ssl_keyfile: Optional[str] = None  # TLS on both doors (PEM files), with ssl_certfile; None = plaintext
     ssl_certfile: Optional[str] = None

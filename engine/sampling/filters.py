@@ -16,6 +16,7 @@ sequential, so its prefix is the full cumsum's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -28,17 +29,30 @@ FULL_SORT_FRACTION = 4  # a prefix past V / this: rank the whole row
 MARGIN = 1e-6  # a cumsum this far past top_p: no later rank can be kept (rounding is ~1.2e-7)
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                  temperature: torch.Tensor, nucleus: bool = True, top_k_max: Optional[int] = None) -> torch.Tensor:
-    """Per-row top-k / top-p (nucleus) / min-p filtering, -inf outside.
+@dataclass(frozen=True)
+class Filters:
+    """Each row's filtering knobs, (B,) tensors."""
 
-    logits (B, W, V); top_k (B,) int, 0 = off: keep logits >= the k-th largest (its ties too);
-    top_p (B,) float, 1 = off: the nucleus rule (module docstring);
-    min_p (B,) float, 0 = off: keep a token whose probability at the row's temperature is at least
-    min_p times the top token's (vLLM's rule), i.e. logit >= top logit + temperature * log(min_p).
+    top_k: torch.Tensor  # int, 0 = off: keep logits >= the k-th largest (its ties too)
+    top_p: torch.Tensor  # float, 1 = off: the nucleus rule (module docstring)
+    # float, 0 = off: keep a token whose probability at the row's temperature is at least min_p times
+    # the top token's (vLLM's rule), i.e. logit >= top logit + temperature * log(min_p)
+    min_p: torch.Tensor
+    temperature: torch.Tensor
+
+    def at(self, rows: torch.Tensor) -> Filters:
+        """The knobs of `rows` (N,) row indices (one position a row)."""
+        return Filters(self.top_k[rows], self.top_p[rows], self.min_p[rows], self.temperature[rows])
+
+
+def filter_logits(logits: torch.Tensor, knobs: Filters, nucleus: bool = True,
+                  top_k_max: Optional[int] = None) -> torch.Tensor:
+    """Per-row top-k / top-p (nucleus) / min-p filtering of logits (B, W, V), -inf outside.
+
     nucleus / top_k_max (host facts of the batch): whether any row has top_p < 1; the largest top_k
     (None: read from top_k, a host synchronisation).
     """
+    top_k, top_p, min_p, temperature = knobs.top_k, knobs.top_p, knobs.min_p, knobs.temperature
     V = logits.shape[-1]
     if top_k_max is None:
         top_k_max = int(top_k.max()) if top_k.numel() else 0

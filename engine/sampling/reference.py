@@ -15,7 +15,8 @@ import torch
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.batch import REMASK_CODE
 from celeris.engine.sampling.schedule import dream_transfer_count, transfer_schedule
-from celeris.engine.sampling.select import NEG_INF, confidences, gumbel_scores, penalize, uniform_noise
+from celeris.engine.sampling.select import (NEG_INF, Measure, Penalties, confidences, gumbel_scores, penalize,
+                                            uniform_noise)
 
 Forward = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
@@ -66,7 +67,7 @@ def reference_generate(model: Forward, prompt: torch.Tensor, params: SamplingPar
                 x0 = logits.argmax(-1)
             u_rand = uniform_noise(seed, step, pos, None, stream=1) if p.remasking == "random" else None
             code = torch.full((B,), REMASK_CODE[p.remasking], device=x.device)
-            x0_p = confidences(logits, x0, code, u_rand)
+            x0_p = confidences(logits, x0, Measure(code, u_rand))
             x0_p[:, end:] = NEG_INF
             x0 = torch.where(mask_index, x0, x)
             confidence = torch.where(mask_index, x0_p, torch.full_like(x0_p, NEG_INF))
@@ -98,8 +99,8 @@ def _reference_penalty(logits, x, Lp, p: SamplingParams, stop_ids: Sequence[int]
     B, V = x.shape[0], logits.shape[-1]
     exclude = torch.tensor([sorted(stop_ids) or [V]] * B, device=x.device)
     full = lambda v: torch.full((B,), float(v), device=x.device)  # noqa: E731
-    return penalize(logits, x, torch.full((B,), Lp, device=x.device), full(p.frequency_penalty),
-                    full(p.presence_penalty), exclude, mask_id)
+    return penalize(logits, x, torch.full((B,), Lp, device=x.device),
+                    Penalties(full(p.frequency_penalty), full(p.presence_penalty), exclude), mask_id)
 
 
 def _adaptive_count(conf: torch.Tensor, p: SamplingParams, n_left: int) -> int:

@@ -20,14 +20,14 @@ so a request draws the same noise alone or inside any batch, on any device.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence as Seq
 
 import torch
 import torch.nn.functional as F
 
 from celeris.engine.sampling.batch import FACTOR_RULE_CODE, REMASK_CODE, SamplingBatch, Selection, SelectionRule, Window
-from celeris.engine.sampling.filters import filter_logits
+from celeris.engine.sampling.filters import Filters, filter_logits
 from celeris.engine.sampling.noise import gumbel_scores, position_hash, row_scores, sampled_argmax, uniform_noise
 from celeris.engine.sampling.screen import SCREEN_DTYPES, Screen, first_argmax, picked, rows_at, screened, screening
 
@@ -37,15 +37,28 @@ SPARSE_DRAW = 8  # a sampled step hashes only the live tokens when under 1 in th
 
 # ---------------------------------------------------------------- confidence measures
 
-def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
-                dtype: torch.dtype = torch.float64, measures: Optional[frozenset[str]] = None,
-                where: Optional[torch.Tensor] = None, screen: Optional[Screen] = None) -> torch.Tensor:
-    """Per-position confidence of the candidate x0 under each row's measure. (B, W, V) -> (B, W).
+@dataclass(frozen=True)
+class Measure:
+    """How each row measures a candidate's confidence (its REMASKING rule), at what precision."""
 
-    dtype: float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published
-    code keeps the logits' own dtype, so its family passes that. measures: the REMASKING names
-    some row uses (None: all); the others are not computed (a top-2 and an entropy over the
-    vocabulary cost more than the softmax itself), which changes no row's value.
+    remask: torch.Tensor  # (B,) each row's REMASK_CODE
+    u_random: Optional[torch.Tensor] = None  # (B, W) the "random" rule's draws (None: no row uses it)
+    # float64 for LLaDA (its first published generate() and Fast-dLLM); Dream's published code keeps
+    # the logits' own dtype, so its family passes that.
+    dtype: torch.dtype = torch.float64
+    # The REMASKING names some row uses (None: all); the others are not computed (a top-2 and an
+    # entropy over the vocabulary cost more than the softmax itself), which changes no row's value.
+    names: Optional[frozenset[str]] = None
+
+    @property
+    def used(self) -> frozenset[str]:
+        return frozenset(REMASK_CODE) if self.names is None else self.names
+
+
+def confidences(logits: torch.Tensor, x0: torch.Tensor, measure: Measure, where: Optional[torch.Tensor] = None,
+                screen: Optional[Screen] = None) -> torch.Tensor:
+    """Per-position confidence of the candidate x0 under each row's `measure`. (B, W, V) -> (B, W).
+
     where (B, W): the positions whose confidence is read (the candidates). On the CPU only those
     are computed, the others are 0: a softmax is per position, so each value is bit for bit the
     one computed over the whole window, and a float64 softmax over the vocabulary (a third of a
@@ -56,27 +69,24 @@ def confidences(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_
     only those that can commit get the published value, the others an estimate certified below
     every committed one (engine/sampling/screen.py): the same commits, the same reported values.
     """
-    used = frozenset(REMASK_CODE) if measures is None else measures
-    code = remask[:, None]  # (B, 1)
-    if where is not None and logits.device.type == "cpu" and "entropy" not in used:
+    m = measure
+    if where is not None and logits.device.type == "cpu" and "entropy" not in m.used:
         B, W, V = logits.shape
         flat = where.reshape(-1).nonzero().squeeze(-1)  # (N,) candidate positions (a host read: CPU only)
         if screen is not None and logits.dtype in SCREEN_DTYPES:
-            return screened(logits, x0, flat, screen, dtype,
-                            lambda at: _measures_at(logits, x0, remask, u_random, dtype, used, at))
+            return screened(logits, x0, flat, screen, m.dtype, lambda at: _measures_at(logits, x0, m, at))
         if flat.numel() < B * W:
-            sub = _measures_at(logits, x0, remask, u_random, dtype, used, flat)
+            sub = _measures_at(logits, x0, m, flat)
             return sub.new_zeros(B * W).index_copy_(0, flat, sub).view(B, W)
-    return _measures(logits, x0, code, u_random, dtype, used)
+    return _measures(logits, x0, m.remask[:, None], m.u_random, m.dtype, m.used)  # code (B, 1)
 
 
-def _measures_at(logits: torch.Tensor, x0: torch.Tensor, remask: torch.Tensor, u_random: Optional[torch.Tensor],
-                 dtype: torch.dtype, used: frozenset[str], flat: torch.Tensor) -> torch.Tensor:
+def _measures_at(logits: torch.Tensor, x0: torch.Tensor, m: Measure, flat: torch.Tensor) -> torch.Tensor:
     """`_measures` at the positions flat (N,) (b * W + w) of (B, W, V) logits -> (N,)."""
     W = logits.shape[1]
-    u = None if u_random is None else u_random.reshape(-1)[flat][None]
-    return _measures(rows_at(logits, flat)[None], x0.reshape(-1)[flat][None], remask[flat // W][None], u,
-                     dtype, used)[0]
+    u = None if m.u_random is None else m.u_random.reshape(-1)[flat][None]
+    return _measures(rows_at(logits, flat)[None], x0.reshape(-1)[flat][None], m.remask[flat // W][None], u,
+                     m.dtype, m.used)[0]
 
 
 def _measures(logits: torch.Tensor, x0: torch.Tensor, code: torch.Tensor, u_random: Optional[torch.Tensor],
@@ -113,8 +123,8 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
         # in place (only N rows written) unless a row's logprobs will read the model's own logits
         logits = constrain(logits, window.allowed.flat, window.allowed.tokens, inplace=batch.top_logprobs < 0)
     if batch.frequency is not None:
-        logits = penalize(logits, window.canvas, window.response_from, batch.frequency, batch.presence,
-                          batch.stop_ids, rule.mask_id)
+        logits = penalize(logits, window.canvas, window.response_from,
+                          Penalties(batch.frequency, batch.presence, batch.stop_ids), rule.mask_id)
     pick = logits if batch.top_k is None else _filtered(logits, batch, window)
     if batch.sampling and logits.device.type == "cpu" and batch.editing is None and batch.min_tokens is None:
         scores = None  # drawn at the candidates only, from the tokens each can draw (sampled_argmax)
@@ -149,7 +159,7 @@ def select_tokens(logits: torch.Tensor, batch: SamplingBatch, window: Window, ru
     elif scores is not None:  # committing the mask token would leave the position masked forever
         x0 = _argmax_but(scores, rule.mask_id, free, in_place=scores is not pick)  # (B, W)
     u_random = uniform_noise(batch.seed, batch.step, window.noise_pos, None, 1) if batch.any_random else None
-    conf = confidences(conf_logits, x0, batch.remask, u_random, dtype, batch.measures, where, screen)
+    conf = confidences(conf_logits, x0, Measure(batch.remask, u_random, dtype, batch.measures), where, screen)
     # A NaN confidence (overflowing guidance, a broken checkpoint) ranks below every real one but
     # above non-candidates, and every rule commits at least one candidate per step, so a request
     # always ends.
@@ -187,12 +197,12 @@ def _filtered(logits: torch.Tensor, batch: SamplingBatch, window: Window) -> tor
     """`filter_logits` of the window; on the CPU, of its candidate positions only (a nucleus or a
     top-k sorts a vocabulary-sized row): the pick at any other position is never read, unless the
     row set edits (LLaDA2.1 reads every position's pick). Elsewhere the others keep their logits."""
-    knobs = (batch.top_k, batch.top_p, batch.min_p, batch.temperature)
+    knobs = Filters(batch.top_k, batch.top_p, batch.min_p, batch.temperature)
     if logits.device.type != "cpu" or batch.editing is not None:
-        return filter_logits(logits, *knobs, batch.nucleus, batch.top_k_max)
+        return filter_logits(logits, knobs, batch.nucleus, batch.top_k_max)
     B, W, V = logits.shape
     flat = window.candidate.reshape(-1).nonzero().squeeze(1)  # (N,) b * W + w
-    rows = filter_logits(logits.reshape(B * W, 1, V)[flat], *(k[flat // W] for k in knobs), batch.nucleus,
+    rows = filter_logits(logits.reshape(B * W, 1, V)[flat], knobs.at(flat // W), batch.nucleus,
                          batch.top_k_max)  # (N, 1, V): one position a row, its request's knobs
     return logits.reshape(B * W, V).index_copy(0, flat, rows.view(-1, V)).view(B, W, V)
 
@@ -269,16 +279,24 @@ def _commit(conf: torch.Tensor, candidate: torch.Tensor, batch: SamplingBatch, b
     return (ranks < n_commit[:, None]) & candidate, n_commit
 
 
-def penalize(logits: torch.Tensor, canvas: torch.Tensor, response_from: torch.Tensor, frequency: torch.Tensor,
-             presence: torch.Tensor, exclude: torch.Tensor, mask_id: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class Penalties:
+    """Each row's OpenAI penalties, and the ids they never count."""
+
+    frequency: torch.Tensor  # (B,)
+    presence: torch.Tensor  # (B,)
+    exclude: torch.Tensor  # (B, S) padded with V: the row's stop tokens (a finished block's EOS padding is not text)
+
+
+def penalize(logits: torch.Tensor, canvas: torch.Tensor, response_from: torch.Tensor, penalties: Penalties,
+             mask_id: int) -> torch.Tensor:
     """OpenAI's frequency and presence penalties on a diffusion canvas.
 
     logits (B, W, V) of the positions being decoded; canvas (B, L) each row's ids, its response
-    starting at column response_from (B,); frequency, presence (B,); exclude (B, S) ids never
-    counted, padded with V (the row's stop tokens: a finished block's EOS padding is not text).
-    Every committed response token counts, in whatever order the reverse process committed it:
-    logits[v] -= frequency * count(v) + presence * (count(v) > 0).
+    starting at column response_from (B,). Every committed response token counts, in whatever order
+    the reverse process committed it: logits[v] -= frequency * count(v) + presence * (count(v) > 0).
     """
+    frequency, presence, exclude = penalties.frequency, penalties.presence, penalties.exclude
     B, L = canvas.shape
     V = logits.shape[-1]
     counted = (torch.arange(L, device=canvas.device)[None, :] >= response_from[:, None]) & (canvas != mask_id)

@@ -38,7 +38,7 @@ def faulty_step(self, *args, **kwargs):
 Runner.step = faulty_step
 
 if os.environ.get("CELERIS_FAULT_HTTP"):
-    from celeris.server import openai_api
+    from celeris.server.http import openai_api
 
     _engine_requests = openai_api.engine_requests
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from celeris.v1 import generation_pb2 as pb
 from celeris.engine.errors import InvalidRequest
-from celeris.server import convert
+from celeris.server.grpc import convert
 from tests.integration.conftest import collect, small
 
 

@@ -128,7 +128,7 @@ def test_every_post_without_a_content_type_is_a_415_ping_included(live):
     import http.client
     from urllib.parse import urlparse
 
-    from celeris.server.http_gateway import ROUTES
+    from celeris.server.http.gateway import ROUTES
 
     u = urlparse(live.http_url)
     for route in (r for r in ROUTES if r.method == "POST"):
@@ -145,7 +145,7 @@ def test_every_post_without_a_content_type_is_a_415_ping_included(live):
 def test_the_docs_list_every_route_open_without_the_key():
     from pathlib import Path
 
-    from celeris.server.http_gateway import PUBLIC_PATHS
+    from celeris.server.http.gateway import PUBLIC_PATHS
 
     auth = next(p for p in (Path(__file__).parents[2] / "docs" / "operations.md").read_text().split("\n- ")
                 if p.startswith("Auth:"))

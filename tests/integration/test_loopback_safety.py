@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 
-from celeris.server.http_extras import HostCheck
+from celeris.server.http.extras import HostCheck
 
 BODY = {"prompt": "It is a truth", "max_tokens": 8, "steps": 4, "seed": 1}
 

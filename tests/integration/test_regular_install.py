@@ -101,7 +101,7 @@ def image(tmp_path_factory) -> dict:
 def test_the_image_steps_install_regular_packages_that_run_from_site_packages(image):
     """The installed copies are what imports, not the checkout (which is nowhere on the path)."""
     py = str(image["venv"] / "bin" / "python")
-    code = ("import json, sysconfig, importlib.metadata as m, celeris.server.http_gateway as g, "
+    code = ("import json, sysconfig, importlib.metadata as m, celeris.server.http.gateway as g, "
             "celeris.engine, celeris_client\n"
             "print(json.dumps({'site': sysconfig.get_path('purelib'), 'page': str(g.web_page_path()),\n"
             "  'files': [celeris.engine.__file__, g.__file__, celeris_client.__file__],\n"

@@ -291,7 +291,7 @@ def test_family_templates_run_the_tool_loop_plain_and_streamed(family):  # about
 def test_tools_are_checked_off_the_event_loop_and_enforced_with_the_tokenizers_markers(live, llm, monkeypatch):
     """Checking a tool compiles its schema (tens of ms the first time): never on the event loop, on
     either door. An enforced call writes the format's markers as the tokenizer's added tokens."""
-    import celeris.engine.agents.tools as agent_tools
+    import celeris.engine.requests as agent_tools  # where the doors find parse_tools (the engine's request vocabulary)
 
     threads, real = [], agent_tools.parse_tools
 

@@ -26,7 +26,7 @@ def _parse(*argv: str):
 
 
 def test_http_is_on_by_default_on_8000_and_off_with_no_http_or_port_0(monkeypatch):
-    from celeris.server.cli_commands import http_port
+    from celeris.server.cli.commands import http_port
 
     for name in ("CELERIS_HOST", "CELERIS_HTTP_PORT", "CELERIS_METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)

@@ -144,7 +144,7 @@ def test_a_route_not_served_is_a_json_404_saying_so_on_get_and_post(tiny_llm):
 
 
 def _config(*argv: str):
-    from celeris.server.cli_args import engine_config_from_args
+    from celeris.server.cli.args import engine_config_from_args
 
     return engine_config_from_args(_parse(*argv))
 
@@ -160,7 +160,7 @@ def _refusal(capsys, *argv: str) -> str:
 def test_gpu_memory_utilization_caps_this_process_on_cuda_and_is_checked(monkeypatch):
     import torch
 
-    from celeris.server.cli_vllm import check_engine_flags
+    from celeris.server.cli.vllm_flags import check_engine_flags
 
     capped = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: capped.append((f, str(d))))
@@ -197,7 +197,7 @@ def test_download_dir_is_the_hub_cache_folder(tmp_path):
 
 
 def test_uvicorn_log_level_sets_the_log_level_unless_log_level_does():
-    from celeris.server.cli_vllm import log_level
+    from celeris.server.cli.vllm_flags import log_level
 
     assert log_level(_parse()) == "info"
     assert log_level(_parse("--uvicorn-log-level", "warning")) == "warning"
@@ -206,7 +206,7 @@ def test_uvicorn_log_level_sets_the_log_level_unless_log_level_does():
 
 
 def test_disable_log_requests_is_the_default_and_conflicts_with_log_prompts():
-    from celeris.server.cli_vllm import check_engine_flags
+    from celeris.server.cli.vllm_flags import check_engine_flags
 
     check_engine_flags(_parse("--disable-log-requests"))
     assert _parse("--enable-log-requests").log_prompts is True
@@ -222,7 +222,7 @@ def test_enable_prefix_caching_sets_the_prefix_cache_budget():
 @pytest.mark.parametrize("flag", ["--pipeline-parallel-size", "--swap-space", "--block-size", "--cpu-offload-gb",
                                   "--tokenizer"])
 def test_a_vllm_flag_without_meaning_here_is_refused_in_one_line(capsys, flag):
-    from celeris.server.cli_vllm import REFUSED
+    from celeris.server.cli.vllm_flags import REFUSED
 
     assert _refusal(capsys, flag, "2") == f"celeris serve: error: {flag}: {REFUSED[flag]}"
 

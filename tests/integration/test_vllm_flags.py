@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from celeris.engine.errors import EngineError
-from celeris.server.cli_vllm import apply_to_model, checkpoint_dtype, origins, tls_files
+from celeris.server.cli.vllm_flags import apply_to_model, checkpoint_dtype, origins, tls_files
 from tests.integration.live_server import live_server
 
 

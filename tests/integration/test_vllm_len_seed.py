@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from celeris.engine.errors import EngineError
-from celeris.server.cli_vllm import apply_model_len, apply_to_model
+from celeris.server.cli.vllm_flags import apply_model_len, apply_to_model
 from tests.integration.server_process import ROOT
 
 
@@ -42,7 +42,7 @@ def test_max_model_len_is_what_the_server_reports_and_enforces():
     from celeris.engine.llm import LLM
     from celeris.engine.sampling.params import SamplingParams
     from celeris.engine.requests import Request
-    from celeris.server.cli_args import engine_config_from_args
+    from celeris.server.cli.args import engine_config_from_args
 
     a = _parse("--max-model-len", "96")
     apply_model_len(a)

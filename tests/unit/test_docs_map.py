@@ -47,7 +47,9 @@ EXTERNAL = {
     "configuration_llada.py",
 }
 # Heads that name a folder, not a module: prose writes `celeris.server.x` for code, and `server.x` is a log event.
-FOLDERS = {"engine", "server", "clients", "scripts", "tests", "protos", "deploy", "docs"}
+FOLDERS = {"engine", "server", "clients", "scripts", "tests", "protos", "deploy", "docs",
+           # server's rooms by door: `grpc.x` in prose is the grpc library, `http.x` a log event
+           "grpc", "http"}
 HOSTNAME = re.compile(r"\.(?:com|org|io|net|dev)$")
 FILE_EXT = re.compile(r"\.(?:safetensors|json|yaml|yml|md|proto|txt|sh|toml|html|whl|tar|gz)$")
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from celeris.engine.agents.parsers import TOOL_PARSERS
 from celeris.engine.agents.tools import ToolChoice, args_schema, parse_tools, strict_objects
 from celeris.engine.llm import LLM
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 
 # docs/tools.md's example tool, as written there

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from celeris.engine.config import EngineConfig  # noqa: E402
 from celeris.engine.errors import InvalidRequest  # noqa: E402
 from celeris.engine.llm import LLM  # noqa: E402
-from celeris.engine.loop.sequence import FinishReason  # noqa: E402
+from celeris.engine.events import FinishReason  # noqa: E402
 from celeris.engine.requests import Request  # noqa: E402
 from celeris.engine.structured.constraint import Structured  # noqa: E402
 from tests.unit.document_schemas import DOCUMENT_SCHEMAS  # noqa: E402

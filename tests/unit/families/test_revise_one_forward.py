@@ -145,7 +145,7 @@ def test_batch_invariance_flag_chooses_the_forward_on_cuda(folder, monkeypatch):
     import argparse
 
     from celeris.engine.families.revise.model import DiffusionGemma
-    from celeris.server.cli_args import add_model_args, engine_config_from_args
+    from celeris.server.cli.args import add_model_args, engine_config_from_args
 
     ap = argparse.ArgumentParser()
     add_model_args(ap)

@@ -208,9 +208,9 @@ def test_one_forward_a_step_decodes_what_separate_forwards_decode(folder, monkey
 
 def test_both_doors_pass_the_salt_and_report_cached_tokens():
     from celeris.engine.events import StepEvent
-    from celeris.server.convert import engine_request
-    from celeris.server.openai_api import engine_requests, parse_request
-    from celeris.server.openai_responses import usage
+    from celeris.server.grpc.convert import engine_request
+    from celeris.server.http.openai_api import engine_requests, parse_request
+    from celeris.server.http.openai_responses import usage
     from celeris.v1 import generation_pb2 as pb
 
     defaults = SamplingParams()

@@ -19,9 +19,9 @@ from celeris.v1 import generation_pb2 as pb
 from celeris_client import types as client_types
 from celeris.engine.sampling.knobs import BOOL, CHOICE, FLOAT, IDS, INT, KNOBS, STRINGS, markdown, on
 from celeris.engine.sampling.params import SamplingParams
-from celeris.server.cli_args import add_sampling_args, sampling_from_args
-from celeris.server.convert import sampling_params
-from celeris.server.openai_api import parse_request
+from celeris.server.cli.args import add_sampling_args, sampling_from_args
+from celeris.server.grpc.convert import sampling_params
+from celeris.server.http.openai_api import parse_request
 
 ROOT = Path(__file__).resolve().parents[3]
 # One non-default value per knob, exactly representable in float32 (the proto's floats).

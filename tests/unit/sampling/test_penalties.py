@@ -10,7 +10,7 @@ from celeris.engine.errors import InvalidRequest
 from celeris.engine.llm import LLM
 from celeris.engine.sampling.params import SamplingParams, fit_lengths
 from celeris.engine.sampling.reference import reference_generate
-from celeris.engine.sampling.select import penalize
+from celeris.engine.sampling.select import Penalties, penalize
 from celeris.engine.training.evaluate import distinct_ngrams
 
 MASK = 3
@@ -20,8 +20,8 @@ def test_counts_committed_response_tokens_only():
     # canvas: prompt [5, 5] | response [6, 6, MASK, 2(stop), 7]
     canvas = torch.tensor([[5, 5, 6, 6, MASK, 2, 7]])
     logits = torch.zeros(1, 1, 10)
-    out = penalize(logits, canvas, torch.tensor([2]), torch.tensor([0.5]), torch.tensor([1.0]),
-                   exclude=torch.tensor([[2]]), mask_id=MASK)[0, 0]
+    out = penalize(logits, canvas, torch.tensor([2]),
+                   Penalties(torch.tensor([0.5]), torch.tensor([1.0]), exclude=torch.tensor([[2]])), mask_id=MASK)[0, 0]
     assert out[6].item() == pytest.approx(-(0.5 * 2 + 1.0))  # twice in the response
     assert out[7].item() == pytest.approx(-(0.5 + 1.0))
     assert out[5].item() == 0  # only in the prompt
@@ -30,8 +30,9 @@ def test_counts_committed_response_tokens_only():
 
 def test_negative_penalties_encourage_and_rows_keep_their_own():
     canvas = torch.tensor([[1, 4, 4], [1, 4, 4]])
-    out = penalize(torch.zeros(2, 1, 6), canvas, torch.tensor([1, 1]), torch.tensor([-0.5, 0.0]),
-                   torch.tensor([0.0, 0.0]), exclude=torch.tensor([[6], [6]]), mask_id=MASK)
+    out = penalize(torch.zeros(2, 1, 6), canvas, torch.tensor([1, 1]),
+                   Penalties(torch.tensor([-0.5, 0.0]), torch.tensor([0.0, 0.0]), exclude=torch.tensor([[6], [6]])),
+                   mask_id=MASK)
     assert out[0, 0, 4].item() == pytest.approx(1.0) and out[1].abs().sum().item() == 0
 
 

@@ -8,14 +8,15 @@ import torch
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling import filters
+from celeris.engine.sampling.filters import Filters
 from celeris.engine.sampling.select import filter_logits as _filter
 
 
 def filter_logits(logits, top_k, top_p, min_p=None, temperature=None):
     B = logits.shape[0]
     zeros = torch.zeros(B, dtype=torch.float64)
-    return _filter(logits, top_k, top_p, zeros if min_p is None else min_p,
-                   torch.ones(B, dtype=torch.float64) if temperature is None else temperature)
+    return _filter(logits, Filters(top_k, top_p, zeros if min_p is None else min_p,
+                                   torch.ones(B, dtype=torch.float64) if temperature is None else temperature))
 
 
 def test_top_k_keeps_the_k_largest_and_their_ties():
@@ -87,8 +88,9 @@ def test_without_top_p_a_partial_sort_keeps_the_same_tokens():
     top_p = torch.ones(4, dtype=torch.float64)
     min_p = torch.tensor([0.0, 0.3, 0.0, 0.05], dtype=torch.float64)
     temperature = torch.tensor([1.0, 0.7, 1.0, 2.0], dtype=torch.float64)
-    full = _filter(logits, top_k, top_p, min_p, temperature)
-    partial = _filter(logits, top_k, top_p, min_p, temperature, nucleus=False, top_k_max=50)
+    knobs = Filters(top_k, top_p, min_p, temperature)
+    full = _filter(logits, knobs)
+    partial = _filter(logits, knobs, nucleus=False, top_k_max=50)
     assert torch.equal(full, partial)
     assert torch.isfinite(partial[1]).sum() < 3 * 500  # min_p still filters the top_k-0 row
 
@@ -151,7 +153,7 @@ def test_filtering_only_the_candidates_on_the_cpu_selects_what_filtering_every_p
         only = sampler.select_tokens(logits.clone(), batch, window, rule)
         with monkeypatch.context() as m:
             m.setattr(sampler, "_filtered", lambda lg, b, w: sampler.filter_logits(
-                lg, b.top_k, b.top_p, b.min_p, b.temperature, b.nucleus, b.top_k_max))
+                lg, Filters(b.top_k, b.top_p, b.min_p, b.temperature), b.nucleus, b.top_k_max))
             every = sampler.select_tokens(logits.clone(), batch, window, rule)
         assert torch.equal(only.commit, every.commit) and torch.equal(only.n_commit, every.n_commit)
         assert torch.equal(only.x0[candidate], every.x0[candidate])

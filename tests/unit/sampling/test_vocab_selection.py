@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris.engine.sampling.select import confidences, first_argmax
+from celeris.engine.sampling.select import Measure, confidences, first_argmax
 from celeris.engine.sampling.batch import REMASK_CODE
 
 NAN, INF = float("nan"), float("inf")
@@ -44,9 +44,10 @@ def test_candidate_confidences_are_bitwise_the_whole_window(measures, dtype):
     where[2] = False  # a row without candidates
     remask = torch.tensor([REMASK_CODE["low_confidence"], REMASK_CODE["margin"], REMASK_CODE["random"]])
     u = torch.rand(B, W, generator=g, dtype=torch.float64)
-    whole = confidences(logits, x0, remask, u, dtype, measures)
-    some = confidences(logits, x0, remask, u, dtype, measures, where)
+    measure = Measure(remask, u, dtype, measures)
+    whole = confidences(logits, x0, measure)
+    some = confidences(logits, x0, measure, where)
     assert some.dtype == whole.dtype and some.shape == whole.shape
     assert torch.equal(some[where], whole[where])  # bit for bit where it is read
-    none = confidences(logits, x0, remask, u, dtype, measures, torch.zeros(B, W, dtype=torch.bool))
+    none = confidences(logits, x0, measure, torch.zeros(B, W, dtype=torch.bool))
     assert none.shape == (B, W)

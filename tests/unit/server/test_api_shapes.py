@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from celeris.engine.errors import FieldViolation, InvalidRequest
-from celeris.server.messages_api import MessagesShape
-from celeris.server.responses_api import ResponsesShape
+from celeris.server.http.messages_api import MessagesShape
+from celeris.server.http.responses_api import ResponsesShape
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 EV = SimpleNamespace(prompt_tokens=7, generated=[1, 2, 3], cached_tokens=2, stop_text="")

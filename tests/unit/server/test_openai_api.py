@@ -7,7 +7,7 @@ import pytest
 from celeris.engine.errors import FieldViolation, InvalidRequest, Overloaded, Unavailable
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.sampling.params import fit_lengths
-from celeris.server.openai_api import error_response, parse_request, rename_fields
+from celeris.server.http.openai_api import error_response, parse_request, rename_fields
 
 D = SamplingParams(gen_length=64, steps=64, block_length=32)
 
@@ -86,7 +86,7 @@ def test_bad_fields_are_named(body, chat, param):
 
 
 def test_several_prompts_and_n_become_one_engine_request_per_choice():
-    from celeris.server.openai_api import engine_requests
+    from celeris.server.http.openai_api import engine_requests
 
     r = parse({"prompt": ["a", [5, 6]], "n": 2, "seed": 10})
     reqs = engine_requests(r, "req")
@@ -116,7 +116,7 @@ def test_stop_and_logprobs_map_onto_the_engine():
 
 def test_roles_and_content_are_checked_once_by_the_engine(tiny_llm):
     """The gateway only maps; the engine's request builder validates roles, as for gRPC."""
-    from celeris.server.openai_api import engine_requests
+    from celeris.server.http.openai_api import engine_requests
 
     req = parse({"messages": [{"role": "robot", "content": "x"}, {"role": "user",
                               "content": [{"type": "text", "text": 5}]}]}, chat=True)

@@ -12,7 +12,7 @@ from celeris.engine.llm import LLM
 from celeris.engine.loop.sim_runner import simulate
 from celeris.engine.sampling.params import SamplingParams
 from celeris.engine.tokenizer import MASK_MARKER
-from celeris.server import convert
+from celeris.server.grpc import convert
 
 
 @pytest.fixture(scope="module")

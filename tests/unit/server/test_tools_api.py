@@ -13,7 +13,7 @@ from celeris.engine.agents.tools import ToolCall
 from celeris.engine.errors import InvalidRequest
 from celeris.engine.sampling.params import SamplingParams
 from celeris.server import tool_answers, tools_api
-from celeris.server.openai_api import parse_request
+from celeris.server.http.openai_api import parse_request
 from celeris.server.tool_answers import AnswerReader
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",

@@ -16,7 +16,7 @@ import torch
 from celeris.engine.config import EngineConfig
 from celeris.engine.llm import LLM
 from celeris.engine.loop import fair_share
-from celeris.engine.loop.sequence import FinishReason
+from celeris.engine.events import FinishReason
 from celeris.engine.requests import Request
 from celeris.engine.structured import constraint as constraint_module
 from celeris.engine.structured.constraint import Structured

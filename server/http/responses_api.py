@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.loop.sequence import StepEvent
-from celeris.server.api_shapes import (PASSTHROUGH, Folded, Piece, Shape, check_fields, event, final_pieces, pieces,
+from celeris.engine.events import StepEvent
+from celeris.server.http.api_shapes import (PASSTHROUGH, Folded, Piece, Shape, check_fields, event, final_pieces, pieces,
                                        text_of, usage_of)
 
 KNOWN = frozenset(("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",

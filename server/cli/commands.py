@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 from celeris.engine.errors import EngineError
-from celeris.server.cli_args import add_model_args, engine_config_from_args
-from celeris.server.cli_model import model_from_args
-from celeris.server.cli_vllm import (add_vllm_args, apply_model_len, apply_to_model, check_engine_flags, log_level,
+from celeris.server.cli.args import add_model_args, engine_config_from_args
+from celeris.server.cli.model import model_from_args
+from celeris.server.cli.vllm_flags import (add_vllm_args, apply_model_len, apply_to_model, check_engine_flags, log_level,
                                      origins, tls_files)
 
 

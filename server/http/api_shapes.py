@@ -1,5 +1,5 @@
-"""Other APIs over the chat completions path: what /v1/responses (server/responses_api.py) and
-/v1/messages (server/messages_api.py) share.
+"""Other APIs over the chat completions path: what /v1/responses (server/http/responses_api.py) and
+/v1/messages (server/http/messages_api.py) share.
 
 Neither API has a pipeline of its own. A `Shape` maps its request body into a chat completions
 body, which then takes the one path every HTTP generation takes (`HttpGateway.complete`: the same
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 from aiohttp import web
 
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
-from celeris.engine.loop.sequence import StepEvent
+from celeris.engine.events import StepEvent
 from celeris.server.errors import to_openai
 
 # Celeris's own body fields a shaped request may carry too (the diffusion knobs, seeds, the live canvas).

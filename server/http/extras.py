@@ -1,4 +1,4 @@
-"""The HTTP gateway's handlers beyond generation, and CORS (the routes are in http_gateway.ROUTES).
+"""The HTTP gateway's handlers beyond generation, and CORS (the routes are in gateway.ROUTES).
 
 - `POST /tokenize`, `POST /detokenize` in vLLM's shapes: `{"prompt": ...}` (`add_special_tokens:
   false` leaves out the BOS) or chat `{"messages": [...]}` -> `{"tokens", "count", "max_model_len", "token_strs"}`; `{"tokens": [...]}`
@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from aiohttp import web
 
 from celeris.engine.errors import InvalidRequest
-from celeris.server import openai_api
+from celeris.server.http import openai_api
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ALLOW_METHODS = "GET, POST, OPTIONS"
@@ -157,7 +157,7 @@ class HostCheck:
         return web.json_response(body, status=421)
 
 
-# Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
+# Handlers: (gateway, request) -> response; the gateway's route table (gateway.ROUTES) serves them.
 
 async def metrics(gw: Any, request: web.Request) -> web.Response:
     """Prometheus /metrics on the HTTP gateway's own port (the server's CollectorRegistry)."""

@@ -3,23 +3,25 @@
 Routes: one table, `ROUTES` (at the end), from which the gateway registers, guards and logs every
 route and /openapi.json lists them: generation (POST /v1/completions, /v1/chat/completions),
 GET /v1/models[/{id}], GET /health and GET / (the web page, clients/web/index.html) are handled
-here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in http_extras.py;
-/ping and /openapi.json in http_vllm.py. Requests go to the same engine as gRPC, so both
+here; /tokenize, /detokenize, /version, /metrics (and CORS, the Host check) in extras.py;
+/ping and /openapi.json in vllm_routes.py. Requests go to the same engine as gRPC, so both
 front doors share one batch. Mapping lives in openai_api.py (requests, errors) and
 openai_responses.py (bodies, SSE chunks); this module is transport only: auth and rate limit
 (server.guard, shared with gRPC), JSON-only bodies, draining, streaming, and cancelling a
-request whose client went away. The request itself goes through server.lifecycle, like gRPC.
+request whose client went away. The request itself goes through server/pipeline.py, like gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import importlib.util
 import time
 import types
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import structlog
 from aiohttp import web
@@ -27,17 +29,17 @@ from aiohttp import web
 from celeris.engine.errors import EngineError, InvalidRequest, Unavailable
 from celeris.engine.events import StepEvent
 from celeris.engine.serving import Engine, Prepared
-from celeris.server import openai_api, tools_api
+from celeris.server import tools_api
 from celeris.server.errors import RequestTimeout
-from celeris.server.http_body import read_json
-from celeris.server.http_transport import JsonErrorRunner, listening_socket, tls_context
-from celeris.server import http_extras, http_vllm, messages_api, responses_api
+from celeris.server.http.body import read_json
+from celeris.server.http.transport import JsonErrorRunner, listening_socket, tls_context
+from celeris.server.http import extras, messages_api, openai_api, responses_api, vllm_routes
 from celeris.server.guard import Guard
-from celeris.server.http_extras import Cors, HostCheck
-from celeris.server.lifecycle import Lifecycle, LiveRequest, merged
-from celeris.server.openai_responses import Responder, merge_finals, sse, usage_chunk
+from celeris.server.http.extras import Cors, HostCheck
+from celeris.server.pipeline import Call, Pipeline
+from celeris.server.http.openai_responses import Responder, merge_finals, sse, usage_chunk
 from celeris.server.settings import ServerSettings
-from celeris.server.api_shapes import Shape, api_key_bearer
+from celeris.server.http.api_shapes import Shape, api_key_bearer
 
 log = structlog.get_logger("celeris.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -63,16 +65,13 @@ def error_json(exc: BaseException) -> web.Response:
 
 
 class HttpGateway:
-    def __init__(self, engine: Engine, settings: ServerSettings, health: Any = None,
-                 lifecycle: Optional[Lifecycle] = None, guard: Optional[Guard] = None):
-        """`health` (server.health.Health) drives /health; `lifecycle` and `guard` are the gRPC
-        door's, so both doors share them."""
-        from celeris.server.telemetry import Telemetry
-
+    def __init__(self, engine: Engine, settings: ServerSettings, pipeline: Pipeline, guard: Guard,
+                 health: Any = None):
+        """`pipeline` and `guard` are the gRPC door's, so both doors share them; `health`
+        (server.health.Health) drives /health."""
         self.engine, self.llm, self.settings, self.health = engine, engine.llm, settings, health
-        llm = engine.llm
-        self.lifecycle = lifecycle or Lifecycle(engine, Telemetry())
-        self.guard = guard or Guard(settings.api_token, settings.rate_limit, settings.rate_burst)
+        self.pipeline, self.guard = pipeline, guard
+        self.parsers = pipeline.parsers  # tool-call and reasoning parsers, resolved once for both doors
         self.port = 0
         self.draining = False
         self._runner: Optional[web.AppRunner] = None
@@ -82,10 +81,7 @@ class HttpGateway:
         self._idle.set()
         self._page = b""
         self._created = int(time.time())
-        self.model_names: tuple[str, ...] = settings.model_names(llm.name)  # served name, then aliases
-        # Tool-call and reasoning parsers: the settings' names, else detected from the chat template.
-        self.parsers = tools_api.resolve(llm.tokenizer.chat_template, settings.tool_call_parser,
-                                         settings.reasoning_parser, llm.tokenizer.special_markers)
+        self.model_names: tuple[str, ...] = settings.model_names(engine.llm.name)  # served name, then aliases
 
     @property
     def inflight(self) -> int:
@@ -118,7 +114,7 @@ class HttpGateway:
         # handler_cancellation: a client that disconnects cancels its handler, hence its request.
         # keepalive_timeout: aiohttp closes a connection that has not sent a whole request line and
         # headers this long after it opened or after its last response (slow senders included).
-        # auto_decompress off: bodies are inflated off the loop, under the size limit (http_body.py).
+        # auto_decompress off: bodies are inflated off the loop, under the size limit (http/body.py).
         s = self.settings
         self._runner = JsonErrorRunner(self.app(), handler_cancellation=True, shutdown_timeout=0.25, access_log=None,
                                        keepalive_timeout=s.header_timeout_s, auto_decompress=False)
@@ -172,7 +168,7 @@ class HttpGateway:
             return resp
         except web.HTTPException as e:  # no such route (404), another method (405): JSON saying which
             status = e.status
-            return http_vllm.http_error(request, e)
+            return vllm_routes.http_error(request, e)
         except asyncio.CancelledError:
             status = 499  # the client went away
             raise
@@ -235,7 +231,7 @@ class HttpGateway:
         return await self.complete(request, chat=True)
 
     async def read_json(self, request: web.Request) -> Any:
-        """The request's JSON body (server/http_body.py: media type, size, encoding, timeout)."""
+        """The request's JSON body (server/http/body.py: media type, size, encoding, timeout)."""
         return await read_json(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
 
     async def _parse(self, body: Any, chat: bool) -> openai_api.GatewayRequest:
@@ -249,70 +245,69 @@ class HttpGateway:
         return await asyncio.to_thread(parse) if isinstance(body, dict) and body.get("tools") else parse()
 
     async def complete(self, request: web.Request, chat: bool, shape: Optional[Shape] = None) -> web.StreamResponse:
-        """One generation request. `shape` (server/api_shapes.py): another API's body mapped onto this
+        """One generation request. `shape` (server/http/api_shapes.py): another API's body mapped onto this
         chat path and its answers mapped back (/v1/responses, /v1/messages); None: OpenAI's own."""
         fail = shape.error_json if shape is not None else error_json
         carrier = {k.lower(): v for k, v in request.headers.items() if k.lower() in ("traceparent", "tracestate")}
-        start = lambda: self.lifecycle.start("http", f"POST {request.path}", carrier, request.remote or "")  # noqa: E731
-        lives = [start()]
+        async with self._tracked() as task, self.pipeline.call("http", f"POST {request.path}", carrier,
+                                                                request.remote or "") as call:
+            req = None
+            try:
+                body = await self.read_json(request)
+                req = await self._parse(shape.request(body) if shape is not None else body, chat)
+                responders: list[Responder] = []
+                reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
+                await call.open(reqs, [functools.partial(self._responder, req, chat, responders, shape)] * len(reqs))
+            except EngineError as e:
+                return fail(call.fail(self._renamed(e, req, shape)))
+            call.on_abandon(task.cancel if task is not None else None)  # a client that stopped reading: drop it
+            extra = {"X-Celeris-Structure-Path": call.structure_path} if call.structure_path else {}
+            if req.stream:
+                return await self._stream(request, responders, call, req.n if req.include_usage else 0, extra, shape)
+            try:
+                finals = await call.finals()
+                if any(ev is None for ev in finals):
+                    raise call.fail(Unavailable("the request was dropped before its first step (server stopping)"))
+            except EngineError as e:
+                return fail(e)
+            out = merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n)
+            out = shape.final(out, finals[0]) if shape is not None else out
+            return web.json_response(out, headers={"X-Request-Id": call.streams[0].request_id, **extra})
+
+    @staticmethod
+    def _renamed(e: EngineError, req: Optional[openai_api.GatewayRequest], shape: Optional[Shape]) -> EngineError:
+        """A refusal named by the fields the client sent (OpenAI's, then the other API's)."""
+        if isinstance(e, InvalidRequest):
+            e = openai_api.rename_fields(e, req)
+            e = shape.rename(e) if shape is not None else e
+        return e
+
+    def _responder(self, req: openai_api.GatewayRequest, chat: bool, responders: list[Responder],
+                   shape: Optional[Shape], prepared: Prepared) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
+        """Choice k's Responder, made as it is admitted (choices in order; all share the first choice's
+        id); a streaming request's choices get its formatter, run in the formatter thread (`shape`:
+        another API's events)."""
+        k = len(responders)
+        rid = responders[0].request_id if responders else prepared.request_id
+        reader = tools_api.reader(req.tools, self.parsers) if chat else None
+        responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
+                                    echo=self._echo(req, k), provisional=req.params.provisional, reader=reader))
+        if not req.stream:
+            return None
+        encode = shape.encoder(rid) if shape is not None else None
+        return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "", encode)
+
+    @contextlib.asynccontextmanager
+    async def _tracked(self) -> AsyncIterator[Optional[asyncio.Task]]:
+        """A generation handler in flight (its task): stopping waits for them, then cancels what is stuck."""
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
         self._inflight += 1
         self._idle.clear()
         try:
-            try:
-                req = None
-                body = await self.read_json(request)
-                body = shape.request(body) if shape is not None else body
-                req = await self._parse(body, chat)
-                reader = tools_api.reader(req.tools, self.parsers) if chat else None
-                reqs = openai_api.engine_requests(req, request.headers.get("X-Request-Id", ""))
-                lives += [start() for _ in reqs[1:]]  # one request lifecycle (span, metrics) per choice
-                responders: list[Responder] = []
-
-                def formatter(prepared: Prepared) -> Optional[Callable[[StepEvent], Optional[bytes]]]:
-                    """Choice k's Responder, made as it is admitted (choices in order; all share the
-                    first choice's id); streams get its formatter, run in the formatter thread."""
-                    k = len(responders)
-                    rid = responders[0].request_id if responders else prepared.request_id
-                    responders.append(Responder(chat, rid, req.model, self.llm.tokenizer, req.params.stop, index=k,
-                                                echo=self._echo(req, k), provisional=req.params.provisional,
-                                                reader=reader))
-                    if not req.stream:
-                        return None
-                    encode = shape.encoder(rid) if shape is not None else None
-                    return responders[-1].stream_formatter(req.diffusing_format if req.diffusing else "", encode)
-
-                streams = await self.lifecycle.submit(lives, reqs, [formatter] * len(reqs))  # all or none
-                for stream in streams:  # a client that stopped reading: drop its connection
-                    stream.on_abandon = task.cancel if task is not None else None
-            except InvalidRequest as e:
-                e = openai_api.rename_fields(e, req)
-                e = shape.rename(e) if shape is not None else e
-                lives[0].fail(e)
-                return fail(e)
-            except EngineError as e:
-                lives[0].fail(e)
-                return fail(e)
-            rid = streams[0].request_id
-            extra = {"X-Celeris-Structure-Path": path} if (path := streams[0].structure_path) else {}
-            if req.stream:
-                return await self._stream(request, responders, lives, req.n if req.include_usage else 0, extra, shape)
-            try:
-                finals = await asyncio.gather(*(self._last(life) for life in lives))
-            except EngineError as e:
-                return fail(e)
-            if any(ev is None for ev in finals):
-                e = Unavailable("the request was dropped before its first step (server stopping)")
-                lives[0].fail(e)
-                return fail(e)
-            out = merge_finals([r.final(ev) for r, ev in zip(responders, finals)], req.n)
-            out = shape.final(out, finals[0]) if shape is not None else out
-            return web.json_response(out, headers={"X-Request-Id": rid, **extra})
+            yield task
         finally:
-            for life in lives:
-                life.close()  # frees the scheduler slots if we leave early (disconnect, error)
             self._handlers.discard(task)
             self._inflight -= 1
             if not self._inflight:
@@ -324,15 +319,7 @@ class HttpGateway:
         prompt = req.prompts[k // req.n]
         return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(prompt)
 
-    @staticmethod
-    async def _last(life: LiveRequest) -> Optional[StepEvent]:
-        last = None
-        async for last in life.events():
-            pass
-        return last
-
-    async def _stream(self, request: web.Request, responders: list[Responder],
-                      lives: list[LiveRequest], usage_n: int = 0,
+    async def _stream(self, request: web.Request, responders: list[Responder], call: Call, usage_n: int = 0,
                       extra: Optional[dict[str, str]] = None, shape: Optional[Shape] = None) -> web.StreamResponse:
         """Server-sent events of every choice as they come (each chunk names its choice index),
         already built by each choice's formatter in the formatter thread; `usage_n` (the request's
@@ -345,16 +332,13 @@ class HttpGateway:
         await resp.prepare(request)
         try:
             try:
-                async for _, ev in merged(lives):
-                    if isinstance(ev.formatted, Exception):  # a formatting bug ends the stream, as an error
-                        lives[0].fail(ev.formatted)
-                        await resp.write(error_event(ev.formatted))
-                        break
-                    if ev.formatted is not None:
-                        await resp.write(ev.formatted)
+                async for message in call.messages():
+                    await resp.write(message)
                 if usage_n and (last := usage_chunk(responders, usage_n)) is not None:
                     await resp.write(sse(last))
-            except EngineError as e:  # headers are sent: the error becomes the last event
+            except ConnectionError:
+                raise
+            except Exception as e:  # a failed step or a formatting bug; headers are sent: the error is the last event
                 await resp.write(error_event(e))
             await resp.write(shape.done if shape is not None else sse("[DONE]"))
             await resp.write_eof()
@@ -389,14 +373,14 @@ ROUTES: tuple[Route, ...] = (
           body="ChatCompletionRequest"),
     Route("POST", "/v1/responses", responses_api.create, "a response (OpenAI Responses API)", body="ResponsesRequest"),
     Route("POST", "/v1/messages", messages_api.create, "a message (Anthropic Messages API)", body="MessagesRequest"),
-    Route("POST", "/tokenize", http_extras.tokenize, "prompt -> token ids (vLLM)"),
-    Route("POST", "/detokenize", http_extras.detokenize, "token ids -> text (vLLM)"),
-    Route("GET", "/version", http_extras.get_version, "the server's version", public=True),
-    Route("GET", "/metrics", http_extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
+    Route("POST", "/tokenize", extras.tokenize, "prompt -> token ids (vLLM)"),
+    Route("POST", "/detokenize", extras.detokenize, "token ids -> text (vLLM)"),
+    Route("GET", "/version", extras.get_version, "the server's version", public=True),
+    Route("GET", "/metrics", extras.metrics, "Prometheus metrics (vLLM's and Celeris' names)", public=True,
           served=lambda s: s.metrics_on_http),
-    Route("GET", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
-    Route("POST", "/ping", http_vllm.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
-    Route("GET", "/openapi.json", http_vllm.openapi_json, "this document (OpenAPI 3.1)", public=True),
+    Route("GET", "/ping", vllm_routes.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("POST", "/ping", vllm_routes.ping, "200 while serving (vLLM, SageMaker)", public=True, probe=True),
+    Route("GET", "/openapi.json", vllm_routes.openapi_json, "this document (OpenAPI 3.1)", public=True),
 )
 PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.public)
 PROBE_PATHS = frozenset(r.path for r in ROUTES if r.probe)

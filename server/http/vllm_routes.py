@@ -1,6 +1,6 @@
 """vLLM's side endpoints on the HTTP gateway: `/ping` (SageMaker's health path, GET and POST, as
 vLLM serves it) and `/openapi.json`, an OpenAPI 3.1 description of the routes the gateway serves
-(its route table, http_gateway.ROUTES), whose request schema is generated from the knob table
+(its route table, gateway.ROUTES), whose request schema is generated from the knob table
 (engine/sampling/knobs.py), so it cannot drift from what the parser accepts. And the answer to a
 route the gateway does not serve: 404 in OpenAI's error shape, saying so (and what to use where
 Celeris has one), never a bare "Not Found"."""
@@ -15,8 +15,8 @@ from aiohttp import web
 from celeris.engine.errors import FieldViolation, clip
 from celeris.engine.requests import BOOL, CHOICE, FLOAT, IDS, INT, Knob, STRINGS, on
 from celeris.server.errors import UnsupportedMediaType, error_body
-from celeris.server.http_body import json_media
-from celeris.server import messages_api, responses_api
+from celeris.server.http.body import json_media
+from celeris.server.http import messages_api, responses_api
 
 _TYPES = {INT: {"type": "integer"}, FLOAT: {"type": "number"}, BOOL: {"type": "boolean"},
           CHOICE: {"type": "string"}, STRINGS: {"type": "array", "items": {"type": "string"}},
@@ -72,7 +72,7 @@ def _operation(route: Any) -> dict[str, Any]:
 
 
 def openapi(title: str, version: str, routes: Iterable[Any]) -> dict[str, Any]:
-    """The document: every route the gateway serves (`http_gateway.Route`s); the two generation
+    """The document: every route the gateway serves (`gateway.Route`s); the two generation
     bodies in full."""
     paths: dict[str, dict[str, Any]] = {}
     for r in routes:
@@ -83,15 +83,15 @@ def openapi(title: str, version: str, routes: Iterable[Any]) -> dict[str, Any]:
                                        "ResponsesRequest": responses_api.SCHEMA, "MessagesRequest": messages_api.SCHEMA}}}
 
 
-# Handlers: (gateway, request) -> response; the gateway's route table (http_gateway.ROUTES) serves them.
+# Handlers: (gateway, request) -> response; the gateway's route table (gateway.ROUTES) serves them.
 
 async def ping(gw: Any, request: web.Request) -> web.StreamResponse:
     """/health's answer (200 serving, 503 loading or draining), at vLLM's path. A POST is held to
-    every POST's rule (a JSON Content-Type, server/http_body.py): 415 without one, as a cross-site
+    every POST's rule (a JSON Content-Type, server/http/body.py): 415 without one, as a cross-site
     form or Blob post would come."""
     if request.method == "POST" and (request.headers.get("Content-Type") is None or
                                      not json_media(request.content_type)):
-        from celeris.server.http_gateway import error_json
+        from celeris.server.http.gateway import error_json
 
         got = "none" if request.headers.get("Content-Type") is None else clip(request.content_type)
         return error_json(UnsupportedMediaType([FieldViolation("Content-Type", f"must be application/json, got {got}")]))

@@ -93,7 +93,7 @@ def model_from_args(a) -> ModelSource:
         raise EngineError(f"two models named: {positional} and --model {a.model}; give one")
     check_device(a.device)
     source = resolve_model(positional or a.model, getattr(a, "revision", None), getattr(a, "download_dir", None))
-    from celeris.server.cli_vllm import resolve_dtype
+    from celeris.server.cli.vllm_flags import resolve_dtype
 
     resolve_dtype(a, source.path)  # --dtype auto: the checkpoint's, known once the folder is
     return source

@@ -2,11 +2,11 @@
 
 `clients/bench.py` owns the load pattern, the timing and the report but must not import the
 engine (DESIGN.md: clients never import engine or server, never pull in torch). So the `celeris`
-dispatcher (server/cli.py, the one module that sees both sides) passes `InProcessBackend` to
+dispatcher (server/cli/entry.py, the one module that sees both sides) passes `InProcessBackend` to
 `celeris_client.cli.main` when `--in-process` is given. The backend loads the model, runs its engine
 (engine/serving.py) in this process and submits requests directly: figures without gRPC, protobuf or network, to set
 beside a server bench on the same machine. `--model` is resolved as `celeris serve` resolves it
-(server/cli_model.py): a folder, an embedded model's name or a Hugging Face id (`--revision`,
+(server/cli/model.py): a folder, an embedded model's name or a Hugging Face id (`--revision`,
 `--download-dir`), with `--device` checked and `--dtype auto` read from the checkpoint first.
 """
 
@@ -27,7 +27,7 @@ class InProcessBackend:
     """Implements clients.bench.BenchBackend over an engine in this process."""
 
     def __init__(self, a: argparse.Namespace):
-        from celeris.server.cli_model import model_from_args
+        from celeris.server.cli.model import model_from_args
 
         self.args = a
         self.source = model_from_args(a)  # one line (EngineError) for a bad device or model, before loading

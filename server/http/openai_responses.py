@@ -286,7 +286,7 @@ class Responder:
                          ) -> Callable[[StepEvent], Optional[bytes]]:
         """The event -> SSE bytes function for one choice ("" plain, "delta" or "full" diffusing),
         run by the step worker so the event loop only writes bytes. `encode` turns each chunk into
-        another API's events (server/api_shapes.py); by default a chunk is one `data:` event."""
+        another API's events (server/http/api_shapes.py); by default a chunk is one `data:` event."""
         plain = self.answer_chunks if self.reader is not None else self.plain_chunk
         build = {"": plain, "full": self.diffusing_chunk, "delta": self.diffusing_delta}[diffusing]
         write = encode or (lambda chunk, ev: sse(chunk))

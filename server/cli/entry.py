@@ -1,7 +1,7 @@
 """The `celeris` command.
 
-Engine-side subcommands: `run` here, train/eval/serve in server/cli_commands.py, flags in
-server/cli_args.py (imports go one way: cli -> cli_commands -> cli_args, app). Client
+Engine-side subcommands: `run` here, train/eval/serve in server/cli/commands.py, flags in
+server/cli/args.py (imports go one way: cli.entry -> cli.commands -> cli.args, app). Client
 subcommands (generate, batch, bench) are implemented in `celeris_client.cli`, which never imports
 torch; `run_client` below is the one place in `server` that imports `clients`, explicitly and
 only when a client subcommand runs (tests/unit/test_imports.py holds it to that).
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Optional
 
-from celeris.server.cli_args import add_model_args, add_sampling_args, engine_config_from_args, sampling_from_args
+from celeris.server.cli.args import add_model_args, add_sampling_args, engine_config_from_args, sampling_from_args
 
 CLIENT_COMMANDS = ("generate", "batch", "bench")
 _IMPORTED = time.perf_counter()
@@ -28,7 +28,7 @@ def run_client(argv: list[str]) -> int:
 
     extra = {}
     if argv[0] == "bench" and "--in-process" in argv:  # the engine-side backend, kept out of clients/
-        from celeris.server.bench_inprocess import InProcessBackend
+        from celeris.server.cli.bench_inprocess import InProcessBackend
 
         extra["in_process"] = InProcessBackend
         from celeris.engine.errors import EngineError
@@ -54,7 +54,7 @@ def process_age_s() -> float:
 def cmd_run(a: argparse.Namespace) -> int:
     from celeris.engine.errors import ModelLoadError
     from celeris.engine.serving import LLM, configure_threads
-    from celeris.server.cli_model import model_from_args
+    from celeris.server.cli.model import model_from_args
 
     t_imports, t0 = process_age_s(), time.perf_counter()
     threads = configure_threads(a.threads)  # default: the CPUs this process may use (affinity, cgroup quota)
@@ -101,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(run)
     run.set_defaults(func=cmd_run)
 
-    from celeris.server import cli_commands
+    from celeris.server.cli.commands import register
 
-    cli_commands.register(sub)
+    register(sub)
     for name in CLIENT_COMMANDS:
         sub.add_parser(name, help=f"client: see `celeris {name} --help`", add_help=False)
     return ap
