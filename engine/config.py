@@ -106,6 +106,12 @@ def read_json(folder: str | Path, name: str, required: bool = False) -> dict[str
 QUANTIZATIONS = ("fp8",)  # EngineConfig.quantization's methods (--quantization)
 
 
+# The most prompt tokens a server allows by default, whatever a model's own range
+# (engine/llm.py `default_prompt_tokens`): the fixed per-slot buffers (and a block model's KV
+# cache) are sized by the limits. A server's --max-prompt-tokens sets any other value.
+PROMPT_ROOM_CAP = 4096
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits and runtime choices; everything a scheduler or runner needs to size itself."""

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence as Seq, Union
 
 import torch
 
-from celeris.engine.config import EngineConfig, ModelConfig, read_json
+from celeris.engine.config import PROMPT_ROOM_CAP, EngineConfig, ModelConfig, read_json
 from celeris.engine.families import registry
 from celeris.engine.families.family import PLAIN, Family
 from celeris.engine.sampling.knobs import configured
@@ -40,6 +40,16 @@ def model_folder(model: Optional[Union[str, Path]]) -> Path:
     if str(model) in EMBEDDED_MODELS and not Path(model).exists():
         return EMBEDDED_MODELS[str(model)]
     return Path(model)
+
+def default_prompt_tokens(model: Optional[Union[str, Path]], max_gen_length: int) -> int:
+    """The prompt limit a server takes when none is given: the model folder's own position range
+    (config.json's max_sequence_length / max_position_embeddings) less the canvas, at most
+    PROMPT_ROOM_CAP, at least 1 (celeris-tiny: 4,608 - 512 = 4,096). Reads only the config."""
+    from celeris.engine.families.checkpoint import read_config
+
+    own = read_config(model_folder(model)).max_sequence_length
+    return max(1, min(own - max_gen_length, PROMPT_ROOM_CAP))
+
 
 @dataclass(frozen=True)
 class Result:

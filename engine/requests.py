@@ -19,7 +19,7 @@ from typing import Optional, Sequence as Seq, Union
 
 from celeris.engine.agents import history
 from celeris.engine.agents.tools import compile_problems
-from celeris.engine.config import EngineConfig
+from celeris.engine.config import PROMPT_ROOM_CAP, EngineConfig
 from celeris.engine.errors import FieldViolation, InvalidRequest, clip
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
@@ -127,6 +127,12 @@ class Requests:
         """No text longer than this can fit in max_prompt_tokens, so it is refused untokenized."""
         return self.config.max_prompt_tokens * self.tokenizer.max_token_chars
 
+    @property
+    def _limit_text(self) -> str:
+        """The prompt limit as a refusal states it: the number and the server flag that sets it."""
+        return (f"the limit is {self.config.max_prompt_tokens} tokens (a server sets it with --max-prompt-tokens; "
+                f"by default the model's own position range less the canvas, at most {PROMPT_ROOM_CAP})")
+
     def _too_long(self, field: str, what: str, chars: int) -> FieldViolation:
         return FieldViolation(field, f"{what} {chars} characters; the limit is {self.config.max_prompt_tokens} "
                                      f"tokens ({self.max_prompt_chars} characters)")
@@ -149,8 +155,7 @@ class Requests:
             if not req.token_ids:
                 v.append(FieldViolation("token_ids", "must not be empty"))
             elif len(req.token_ids) > tokens:
-                v.append(FieldViolation(
-                    "token_ids", f"prompt is {len(req.token_ids)} tokens; the limit is {tokens}"))
+                v.append(FieldViolation("token_ids", f"prompt is {len(req.token_ids)} tokens; {self._limit_text}"))
         else:
             v += self._check_messages(req.messages, req.tools)
         return v
@@ -211,6 +216,8 @@ class Requests:
         if req.tools and not v:  # after the prompt's length (the tools' rendering counts in it), before compiling
             v += compile_problems(req.tools, self._verdicts_here())
         constraint = None
+        if req.structured is not None and req.structured.lazy and not self._serves_lazy(params):
+            req = replace(req, structured=None)  # decoded free, its answer parsed after the fact
         if req.structured is not None and not v:
             try:
                 params, constraint = self._structure(req, params)
@@ -228,10 +235,24 @@ class Requests:
         seq.cache_salt = req.cache_salt or ""  # block families' prefix cache (engine/models/prefix_cache.py)
         return seq
 
+    def _serves_lazy(self, params: SamplingParams) -> bool:
+        """Whether a structure the model may decline (`Structured.lazy`: tool_choice "auto") is
+        served: on the whole-document path, where nothing the request sets could cut it."""
+        return self.row.documents and not (params.stop or params.stop_token_ids or params.min_tokens)
+
     def _structure(self, req: Request, params: SamplingParams) -> tuple[SamplingParams, Constraint]:
         """The request's constraint and the parameters it decodes with: a request that set no
         length (`fit_canvas`) and whose structure needs more than the default canvas gets a canvas
-        as long as the structure needs (rounded up to whole blocks, at most max_gen_length)."""
+        as long as the structure needs (rounded up to whole blocks, at most max_gen_length), or
+        as long as its `room_text` (a lazy tool grammar's two typical calls)."""
+        room = req.structured.room_text
+        if req.fit_canvas and room:
+            need = min(len(self.tokenizer.encode(room)) + 1, self.config.max_gen_length)
+            if need > params.gen_length:
+                b = params.block_length
+                fitted = fit_lengths(params, {"gen_length": min(-(-need // b) * b, self.config.max_gen_length)})
+                if not self.violations(fitted):
+                    params = fitted
         try:
             return params, self.constraint(req.structured, params)
         except InvalidRequest as too_short:
@@ -300,8 +321,7 @@ class Requests:
             raise InvalidRequest(size)
         ids, field = self._encode(req)
         if len(ids) > self.config.max_prompt_tokens:
-            raise InvalidRequest([FieldViolation(
-                field, f"prompt is {len(ids)} tokens; the limit is {self.config.max_prompt_tokens}")])
+            raise InvalidRequest([FieldViolation(field, f"prompt is {len(ids)} tokens; {self._limit_text}")])
         return ids
 
     async def build_async(self, req: Request, inline: bool = True, client: str = "") -> DecodeSequence:

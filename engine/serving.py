@@ -24,7 +24,7 @@ from celeris.engine.config import EngineConfig
 from celeris.engine.detok import CanvasDeltas
 from celeris.engine.errors import EngineError
 from celeris.engine.families.sequence import DecodeSequence
-from celeris.engine.llm import LLM, Result, model_defaults, model_folder
+from celeris.engine.llm import LLM, Result, default_prompt_tokens, model_defaults, model_folder
 from celeris.engine.loop.request_stream import RequestStream
 from celeris.engine.loop.scheduler import Formatter, Scheduler
 from celeris.engine.loop.step_loop import StepRecord
@@ -211,7 +211,7 @@ def simulate(llm: LLM, step_s: float) -> None:
     run(llm, step_s)
 
 
-__all__ = ["DEFAULT_PREFIX_CACHE_BYTES", "MASK_MARKER", "CanvasDeltas", "Engine", "EngineConfig", "Formatter",
+__all__ = ["DEFAULT_PREFIX_CACHE_BYTES", "MASK_MARKER", "CanvasDeltas", "Engine", "EngineConfig", "Formatter", "default_prompt_tokens",
            "FormatterFactory", "LLM", "Prepared", "RequestStream", "Result", "StepRecord", "TensorThread", "Tokenizer",
            "add_train_args", "affinity_cpus", "budget_from_gb", "cgroup_cpu_quota", "configure_switch_interval",
            "configure_threads", "evaluate", "format_report", "freeze_startup_heap", "gemm_rows_invariant",

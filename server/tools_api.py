@@ -4,8 +4,9 @@ types (engine/agents); and which tool-call and reasoning parsers read this model
 
 The parsers: `--tool-call-parser NAME` and `--reasoning-parser NAME` (vLLM's flags and names), by
 default detected from the loaded chat template; "none" turns one off. A request with tools and
-tool_choice "auto" is rendered with its tools (the checkpoint's template) and its answer parsed;
-"required" or a named function decodes the call under the function's schema (the parser's
+tool_choice "auto" is rendered with its tools (the checkpoint's template) and decoded under the
+parser's lazy grammar (text, or calls under their schemas, decided at the first position) where
+the engine serves it, else its answer is parsed after the fact; "required" or a named function decodes the call under the function's schema (the parser's
 `enforced` structured output), so it always parses. "none" renders the tools and parses nothing.
 The deprecated `functions` / `function_call` are refused, naming `tools` / `tool_choice`.
 """
@@ -137,7 +138,8 @@ def check_structured(tools: Optional[ToolRequest], structured: Any, body: dict, 
 
 def plan(tools: Optional[ToolRequest], parsers: Parsers, structured: Any) -> Any:
     """The structured output a request decodes under: the parser's enforced call for "required"
-    or a named function, else the request's own. A request whose tools this model cannot call
+    or a named function, its lazy grammar for "auto" (the request's own structure, or a
+    reasoning parser, keeps "auto" parsed after the fact), else the request's own. A request whose tools this model cannot call
     (no tool-call parser) is refused naming `tools`."""
     if tools is None or not tools.parsed:
         return structured
@@ -146,7 +148,9 @@ def plan(tools: Optional[ToolRequest], parsers: Parsers, structured: Any) -> Any
                                                       "server reads; start it with --tool-call-parser NAME "
                                                       "(docs/tools.md), or send tool_choice \"none\"")])
     if not tools.enforced:
-        return structured
+        if tools.choice.mode != "auto" or structured is not None or parsers.reasoning is not None:
+            return structured  # a thinking channel comes first: parsed after the fact (docs/tools.md)
+        return parsers.tool.lazy(tools.tools, tools.parallel, specials=parsers.specials)
     for i, t in enumerate(tools.tools):  # an enforced call must read back as a call: else a 200 without calls
         picked = tools.choice.mode == "required" or t.name == tools.choice.name
         if picked and [c.name for c in parsers.tool.extract(parsers.tool.render(t.name, {}))[1]] != [t.name]:

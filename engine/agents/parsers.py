@@ -54,6 +54,7 @@ class ToolParser:
     name = ""
     separator = "\n"  # between parallel calls
     preamble = ""  # text an enforced generation may start with before its calls
+    marker = "<tool_call>"  # the text a call opens with (a special token in some vocabularies)
     _call: re.Pattern
 
     def extract(self, text: str, names: Optional[set] = None) -> tuple[str, list[ToolCall]]:
@@ -91,27 +92,52 @@ class ToolParser:
         any one of them; with `parallel` under required, one or more calls. `specials` (a special
         token's text -> id, `Tokenizer.special_markers`) makes markers that are special tokens
         in the model's vocabulary match those tokens."""
-        lit = lambda text: literal(text, specials)  # noqa: E731
         if choice.mode == "function":
             pick = [t for t in tools if t.name == choice.name]
         elif choice.mode == "required":
             pick = list(tools)
         else:
             raise ValueError(f"tool_choice {choice.mode!r} is not enforced")
+        calls, preamble, lines = self._calls(pick, parallel and choice.mode == "required", specials)
+        return "\n".join([f"start: {preamble}{calls}", *lines])
+
+    def _calls(self, pick: Sequence[Tool], many: bool, specials: Mapping[str, int]) -> tuple[str, str, list[str]]:
+        """(the expression of the calls, of the optional preamble before them or "", the rules
+        they use) for calls of the tools in `pick`: one call, or with `many` one or more."""
         if not pick:
             raise ValueError("no tool to enforce")
+        lit = lambda text: literal(text, specials)  # noqa: E731
         lines, alts = [], []
         for i, tool in enumerate(pick):
             body, extra = self._syntax(tool, f"t{i}", lit)
             lines.append(f"call_t{i}: {body}")
             lines += extra
             alts.append(f"call_t{i}")
-        many = parallel and choice.mode == "required"
         sep = f"{lit(self.separator)} " if self.separator else ""
-        start = f"call ({sep}call)*" if many else "call"
-        if self.preamble:  # e.g. Gemma's empty thinking channel, written even with thinking off
-            start = f"({lit(self.preamble)})? {start}"
-        return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *lines])
+        calls = f"call ({sep}call)*" if many else "call"
+        # e.g. Gemma's empty thinking channel, written even with thinking off
+        preamble = f"({lit(self.preamble)})? " if self.preamble else ""
+        return calls, preamble, ["call: " + " | ".join(alts), *lines]
+
+    def lazy(self, tools: Sequence[Tool], parallel: bool, specials: Mapping[str, int] = {},
+             field: str = "tools") -> Structured:
+        """tool_choice "auto" as a structure the model may decline (llama.cpp's lazy grammar): the
+        answer is either text that never holds the call marker, or one call (with `parallel`, one
+        or more) of the listed tools under their schemas. Decoded from the front, the first
+        position decides between the two: the model's own choice of the marker's first token
+        against every other token (the stop token included: an empty answer); once the marker
+        is chosen the rest is the enforced call. So no call under "auto" is malformed, and no call
+        hides in the text. `room_text`: two calls (one without `parallel`) of the longest tool,
+        the canvas a request that set no length is fitted to."""
+        calls, preamble, lines = self._calls(list(tools), parallel, specials)
+        marker = re.escape(self.marker).replace("/", "\\/")
+        # Text: at least one character, never the marker anywhere (llguidance's regex `&` and `~`).
+        text = f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*{marker}(.|\\n)*/"
+        grammar = "\n".join([f"start: {preamble}(TEXT | calls)?", f"calls: {calls}", *lines, text])
+        args = {t.name: self.render(t.name, _sample_args(t.parameters)) for t in tools}
+        one = max(args.values(), key=len)
+        return Structured(GRAMMAR, grammar, field, lazy=True,
+                          room_text=self.separator.join([one] * (2 if parallel else 1)))
 
     def enforced(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
                  field: str = "tools", specials: Mapping[str, int] = {}) -> Structured:
@@ -141,6 +167,14 @@ class HermesParser(ToolParser):
         head = lit(f'<tool_call>\n{{"name": "{tool.name}", "arguments": ')
         return f"{head} args_{rule} {lit(chr(125) + chr(10) + '</tool_call>')}", \
             [f"args_{rule}: %json {json.dumps(args_schema(tool.parameters, (', ', ': ')))}"]
+
+
+def _sample_args(schema: dict) -> dict:
+    """Arguments of a typical length for `schema`: each required property a 12-letter string
+    (how long a call usually is, for sizing a canvas; never decoded)."""
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = [k for k in schema.get("required", []) if isinstance(k, str)] or list(props)[:1]
+    return {k: "Abcdefghijkl" for k in required}
 
 
 def _json_call(body: str) -> Optional[tuple[str, dict]]:
@@ -184,6 +218,7 @@ class LLaDA2Parser(HermesParser):
 class GemmaParser(ToolParser):
     name = "gemma"
     separator = ""  # Gemma 4 writes calls back to back
+    marker = "<|tool_call>"
     preamble = "<|channel>thought\n<channel|>"  # the empty thinking channel (reasoning.py splits it off)
     _call = re.compile(r"<\|tool_call>call:([a-zA-Z0-9_-]{1,64})(.*?)<tool_call\|>", re.DOTALL)
 

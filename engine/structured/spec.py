@@ -53,6 +53,13 @@ class Structured:
     kind: str
     value: object = None
     field: str = "structured_output"
+    # A structure the model may decline (tool_choice "auto"'s lazy grammar: text or calls, decided
+    # at the first position): served where the family serves whole documents and nothing the
+    # request sets could cut it, else the request decodes free (its answer parsed after the fact).
+    lazy: bool = False
+    # Text whose length in tokens (and one stop token) a canvas fitted to the structure gets when
+    # the request set no length (engine/requests.py `fit_canvas`): e.g. two typical calls.
+    room_text: str = ""
 
     @property
     def large(self) -> bool:

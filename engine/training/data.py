@@ -22,6 +22,7 @@ from celeris.engine.config import ModelConfig
 from celeris.engine.tokenizer import DEFAULT_CHAT_TEMPLATE
 from celeris.engine.tokenizer import Tokenizer as ServedTokenizer
 from celeris.engine.training.tasks import Example, TaskMaker
+from celeris.engine.training.tool_tasks import ToolTaskMaker
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
@@ -61,6 +62,7 @@ class Batches:
     stream: torch.Tensor  # (N,) token ids of all training paragraphs
     tasks: TaskMaker
     rng: torch.Generator
+    tools: Optional[ToolTaskMaker] = None  # the tools phase's conversations (`make_batches(tools=True)`)
 
     def text(self, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         starts = torch.randint(0, len(self.stream) - seq_len, (batch,), generator=self.rng)
@@ -82,6 +84,25 @@ class Batches:
         canvas = self.tasks.canvas(canvas_weights)
         return self._fill(lambda: self.tasks.addition(canvas, chat=self.tasks.rng.random() < 1 / 3), canvas, tokens,
                           most)
+
+    def tool_calls(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """About `tokens` tokens of tool-use conversations (`tool_tasks`), one drawn canvas (a
+        row's canvas grows to hold its calls; the batch's responses are EOS-padded to the longest)."""
+        canvas = self.tasks.rng.choices(TOOL_CANVASES, TOOL_CANVAS_WEIGHTS)[0]
+        examples = [self.tools.example(canvas)]
+        while True:
+            e = self.tools.example(canvas)
+            rows = examples + [e]
+            if len(rows) * (max(len(r.prompt) for r in rows) + max(len(r.response) for r in rows)) > tokens:
+                break
+            examples = rows
+        width = max(len(e.response) for e in examples)
+        return pack([Example(e.prompt, e.response + [EOS_ID] * (width - len(e.response))) for e in examples], PAD_ID)
+
+    def long_tool_call(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One tool-use conversation of up to `max_len` tokens, mostly prose before the request."""
+        canvas = self.tasks.rng.choices(TOOL_CANVASES, TOOL_CANVAS_WEIGHTS)[0]
+        return pack([self.tools.long_example(max_len, canvas)], PAD_ID)
 
     @staticmethod
     def _fill(draw, canvas: int, tokens: int, most: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,7 +148,32 @@ def split_by_novel(novels: dict[str, list[str]], every: int = 50) -> dict[str, l
     return {title: [p for i, p in enumerate(ps) if i % every != every - 1] for title, ps in novels.items()}
 
 
-def make_batches(tok: Tokenizer, novels: dict[str, list[str]], seed: int) -> Batches:
+# The tools phase's canvases: a call is ~50 tokens, two ~100 (a row's canvas grows to hold its
+# answer); 64 is the served default max_tokens.
+TOOL_CANVASES = (32, 64, 128, 256)
+TOOL_CANVAS_WEIGHTS = (1, 3, 3, 2)
+CONTINUE_WORDS = 40  # a "Continue:" answer under tools is cut here (the canvas would cut it anyway)
+
+
+def plain_turn(maker: TaskMaker, rng: random.Random) -> tuple[str, str]:
+    """(question, answer text) of a chat turn no tool answers: a one-digit or two-digit addition
+    (training pairs only), a "Continue:" turn or a "Which novel is this from?" turn."""
+    kind = rng.random()
+    if kind < 0.3:
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        return rng.choice((f"What is {a}+{b}?", f"what is {a}+{b}", f"What is {a} + {b}?")), str(a + b)
+    if kind < 0.6:
+        prompt, answer = rng.choice(maker.pairs)
+        return f"What is {prompt[:-1]}?", answer
+    title, text = rng.choice(maker.paragraphs)
+    words = text.split(" ")
+    if kind < 0.8:
+        k = rng.randint(1, min(24, len(words) - 1))
+        return f"Continue: {' '.join(words[:k])}", " ".join(words[k:k + CONTINUE_WORDS])
+    return f"Which novel is this from? {' '.join(words[:rng.randint(6, 20)])}", title
+
+
+def make_batches(tok: Tokenizer, novels: dict[str, list[str]], seed: int, tools: bool = False) -> Batches:
     train = split_by_novel(novels)
     paragraphs = [p for ps in train.values() for p in ps]
     random.Random(seed).shuffle(paragraphs)
@@ -136,4 +182,17 @@ def make_batches(tok: Tokenizer, novels: dict[str, list[str]], seed: int) -> Bat
     encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
     chat = lambda q: served.encode_chat([{"role": "user", "content": q}])  # noqa: E731
     maker = TaskMaker(encode, chat, BOS_ID, EOS_ID, train, seed)
-    return Batches(encode_paragraphs(tok, paragraphs), maker, torch.Generator().manual_seed(seed))
+    tool_maker = None
+    if tools:
+        def filler(rng: random.Random, n_tokens: int) -> str:
+            start = rng.randrange(len(paragraphs))
+            ids: list[int] = []
+            for p in paragraphs[start:] + paragraphs[:start]:
+                ids += encode(p + "\n\n")
+                if len(ids) >= n_tokens:
+                    break
+            return tok.decode(ids[:n_tokens]).strip()
+
+        tool_maker = ToolTaskMaker(lambda m, t: served.encode_chat(m, tools=t), encode,
+                                   lambda rng: plain_turn(maker, rng), filler, EOS_ID, seed)
+    return Batches(encode_paragraphs(tok, paragraphs), maker, torch.Generator().manual_seed(seed), tool_maker)

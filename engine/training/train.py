@@ -25,7 +25,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TextIO
 
 import torch
 
@@ -119,40 +119,52 @@ def _phase(name: str, batches: data.Batches, gen: torch.Generator, steps: int, l
     `text_every`-th step pretraining text, the one after it an addition batch (its canvas drawn
     by `canvas_weights`, default the supervised mix's), the others supervised examples.
     Returns the phase's wall minutes."""
+    def draw(step: int) -> tuple[str, tuple]:
+        if step % text_every == 0:
+            return "text", batches.text(max(1, tokens // seq_len), seq_len)
+        if step % text_every == 1:
+            return "sft", batches.additions(tokens, canvas_weights=canvas_weights)
+        return "sft", batches.supervised(tokens)
+
+    return run_steps(name, draw, gen, steps, lr, warmup, model, save, checkpoint_every)
+
+
+def run_steps(name: str, draw: Callable[[int], tuple[str, tuple]], gen: torch.Generator, steps: int, lr: float,
+              warmup: int, model: MaskPredictor, save, checkpoint_every: int, log: Optional[TextIO] = None,
+              log_every: int = 100) -> float:
+    """`steps` AdamW steps on the batches `draw(step)` gives ((kind, (ids, real, maskable))), the
+    learning rate warmed up then cosine to `lr`/10; saved every `checkpoint_every` steps; a
+    line every `log_every` steps (mean loss per kind, tokens/s, ETA) on stdout and `log`.
+    Returns the phase's wall minutes."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-
     family = registry.family_of(model.cfg)
-
-    def loss_fn(x: torch.Tensor, real: torch.Tensor, maskable: torch.Tensor) -> torch.Tensor:
-        return model_loss(model, family, x, real, maskable, data.MASK_ID, gen)
-
     t0 = time.time()
-    log_text: list[float] = []
-    log_sft: list[float] = []
+    losses: dict[str, list[float]] = {}
+    seen = 0
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step - 1, steps, lr, warmup)
-        if step % text_every == 0:
-            loss = loss_fn(*batches.text(max(1, tokens // seq_len), seq_len))
-            log_text.append(loss.item())
-        elif step % text_every == 1:
-            loss = loss_fn(*batches.additions(tokens, canvas_weights=canvas_weights))
-            log_sft.append(loss.item())
-        else:
-            loss = loss_fn(*batches.supervised(tokens))
-            log_sft.append(loss.item())
+        kind, (x, real, maskable) = draw(step)
+        loss = model_loss(model, family, x, real, maskable, data.MASK_ID, gen)
+        losses.setdefault(kind, []).append(loss.item())
+        seen += int(real.sum())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % checkpoint_every == 0 and step < steps:  # something to evaluate while training goes on
             save()
-        if step % 100 == 0 or step == steps:
-            rate = step / (time.time() - t0)
-            print(f"{name} step {step}/{steps} ({100 * step / steps:.0f}%) text loss {_mean(log_text):.3f} "
-                  f"supervised loss {_mean(log_sft):.3f} lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} step/s "
-                  f"ETA {(steps - step) / rate / 60:.1f} min", flush=True)
-            log_text, log_sft = [], []
+        if step % log_every == 0 or step == steps:
+            spent = time.time() - t0
+            rate = step / spent
+            parts = " ".join(f"{k} loss {_mean(v):.3f}" for k, v in sorted(losses.items()))
+            line = (f"{name} step {step}/{steps} ({100 * step / steps:.0f}%) {parts} lr {opt.param_groups[0]['lr']:.2e} "
+                    f"{rate:.2f} step/s {seen / spent:,.0f} tokens/s ETA {(steps - step) / rate / 60:.1f} min")
+            print(line, flush=True)
+            if log is not None:
+                log.write(line + "\n")
+                log.flush()
+            losses = {}
     return round((time.time() - t0) / 60, 1)
 
 
@@ -188,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(a: argparse.Namespace) -> dict:
+    if a.phase == "tools":
+        from celeris.engine.training.tools_phase import TOOLS_STEPS, tools_phase
+
+        if a.init is None:
+            raise SystemExit("--phase tools needs --init, the trained model folder it starts from")
+        return tools_phase(a.init, a.out, a.steps or TOOLS_STEPS, seed=a.seed, threads=a.threads,
+                           tokens=a.tokens_per_step, cache_dir=a.cache_dir, log=a.log)
     return train(a.out, a.steps or STEPS[a.arch], seed=a.seed, vocab_size=a.vocab_size, size=a.size, arch=a.arch,
                  tokens=a.tokens_per_step, cache_dir=a.cache_dir, threads=a.threads, long_steps=a.long_steps)
 
@@ -201,6 +220,11 @@ def add_train_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--long-steps", type=int, default=None,
                     help=f"steps of the long-canvas phase after the main one (default: {LONG_STEPS['llada']} for "
                          f"llada, {LONG_STEPS['sdar']} for sdar; 0: none)")
+    ap.add_argument("--phase", choices=("all", "tools"), default="all",
+                    help="all: the whole recipe from scratch; tools: only the tool-use phase, from --init's weights "
+                         "(engine/training/tools_phase.py)")
+    ap.add_argument("--init", type=Path, default=None, help="--phase tools: the trained model folder to start from")
+    ap.add_argument("--log", type=Path, default=None, help="--phase tools: also append progress lines to this file")
     ap.add_argument("--size", choices=sorted(SIZES), default="base", help="model size (small: smoke tests)")
     ap.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default %(default)s)")
     ap.add_argument("--tokens-per-step", type=int, default=2048, help="training tokens per step (default %(default)s)")

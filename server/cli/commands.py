@@ -136,7 +136,9 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                          "(default %(default)s)")
     ap.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default %(default)s)")
     ap.add_argument("--max-queue", type=int, default=64, help="waiting requests before RESOURCE_EXHAUSTED")
-    ap.add_argument("--max-prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="longest prompt in tokens (default: the model's own position range less --max-gen-length, "
+                         "at most 4096; celeris-tiny: 4096)")
     ap.add_argument("--max-gen-length", type=int, default=512)
     ap.add_argument("--drain-seconds", type=float, default=d.drain_seconds)
     ap.add_argument("--grace-seconds", type=float, default=d.grace_seconds)
@@ -205,7 +207,8 @@ def settings_from_args(a: argparse.Namespace, repo_id: Optional[str], allowed_or
 
 
 def serve_from_args(a: argparse.Namespace) -> int:
-    from celeris.engine.serving import LLM, TensorThread, configure_switch_interval, configure_threads
+    from celeris.engine.serving import (LLM, TensorThread, configure_switch_interval, configure_threads,
+                                        default_prompt_tokens)
     from celeris.server.telemetry import Metrics, Telemetry, configure_logging, make_tracer_provider
     from celeris.server.tools_api import check_names
 
@@ -214,6 +217,8 @@ def serve_from_args(a: argparse.Namespace) -> int:
     tls_files(a)  # unreadable or half-given TLS files fail before the model loads
     check_names(a.tool_call_parser, a.reasoning_parser)  # unknown parser names, before the model loads
     apply_model_len(a)  # --max-model-len as the prompt and canvas limits
+    if a.max_prompt_tokens is None:  # the model folder's own range (engine/llm.py default_prompt_tokens)
+        a.max_prompt_tokens = default_prompt_tokens(source.path, a.max_gen_length)
     check_engine_flags(a)  # vLLM's engine flags; --gpu-memory-utilization's cap before anything is allocated
     settings = settings_from_args(a, source.repo_id, origins(a.allowed_origins))
     configure_logging(None if a.log_format == "auto" else a.log_format == "json", level=log_level(a).upper())

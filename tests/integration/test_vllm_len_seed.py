@@ -29,7 +29,9 @@ def _limits(*argv: str) -> tuple[int, int]:
 
 
 def test_max_model_len_is_the_prompt_and_canvas_limits_sum():
-    assert _limits() == (512, 512)  # not given: Celeris's own limits
+    assert _limits() == (None, 512)  # not given: the canvas's own limit; the prompt's follows the model folder
+    from celeris.engine.llm import default_prompt_tokens
+    assert default_prompt_tokens(None, 512) == 512  # celeris-tiny as shipped: 1,024 positions less the canvas
     assert _limits("--max-model-len", "1024") == (512, 512)
     assert _limits("--max-model-len", "300") == (150, 150)  # the canvas at most half
     assert _limits("--max-model-len", "1000", "--max-gen-length", "64") == (936, 64)

@@ -49,6 +49,9 @@ class Hermes:
     def enforced(self, tools, choice, parallel, specials=None):
         return ("enforced", choice.mode, parallel)
 
+    def lazy(self, tools, parallel, specials=None):
+        return ("lazy", parallel)
+
 
 class Broken:
     name = "broken"
@@ -123,7 +126,9 @@ def test_plan_enforces_required_and_named_and_refuses_without_a_parser():
     auto = parse({"messages": USER, "tools": [WEATHER]}).tools
     required = parse({"messages": USER, "tools": [WEATHER], "tool_choice": "required"}).tools
     parsers = tools_api.Parsers(Hermes())
-    assert tools_api.plan(auto, parsers, None) is None
+    assert tools_api.plan(auto, parsers, None) == ("lazy", True)  # "auto": text or calls, decided by the model
+    assert tools_api.plan(auto, parsers, "own") == "own"  # a structure of its own: parsed after the fact
+    assert tools_api.plan(auto, tools_api.Parsers(Hermes(), Think()), None) is None  # thinking comes first
     assert tools_api.plan(required, parsers, None) == ("enforced", "required", True)
     assert tools_api.plan(None, tools_api.Parsers(), "own") == "own"
     with pytest.raises(InvalidRequest) as e:
