@@ -50,7 +50,7 @@ def tools_phase(init: Path, out: Path, steps: int = TOOLS_STEPS, seed: int = 0, 
                 log: Optional[Path] = None) -> dict:
     """Fine-tune the model in `init` for tool calls into `out` (see the module docstring);
     returns what it writes to `out/training.json` (the init's record plus this phase's)."""
-    from celeris.engine.training.train import _save, run_steps
+    from celeris.engine.training.steps import _save, run_steps
 
     torch.manual_seed(seed + TOOLS_SEED)
     torch.set_num_threads(threads)
