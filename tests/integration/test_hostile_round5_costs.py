@@ -147,6 +147,9 @@ def test_an_n16_required_tool_call_beside_another_clients_completion(capsys):
         assert ratio < 3.0, ratio
 
 
+BEFORE = 60  # decode-only steps measured before the long prompt comes (the streams outlast its prefill)
+
+
 def _sdar_4k(folder) -> LLM:
     write_sdar_checkpoint(folder, max_position_embeddings=8192, hidden_size=128, intermediate_size=256, head_dim=32,
                           num_hidden_layers=4)
@@ -156,8 +159,9 @@ def _sdar_4k(folder) -> LLM:
 
 def test_a_4000_token_prompt_beside_eight_streams(tmp_path, capsys):
     """Issue 60 item 6: eight streams decode (a block of 4 a step) when a 4,000-token prompt
-    arrives. The step loop's own step times: the median of the 30 steps before it against the
-    worst and the median while it prefills, printed. On a quiet machine the worst is the issue's
+    arrives. The step loop's own step times: the median of the 60 steps before it against the
+    worst and the median while it prefills, printed with the worst step before (the machine's own
+    spikes: a shared 2-core VM stalls a 4-token step now and then). On a quiet machine the worst is the issue's
     bar (2x); a loaded one's steps vary several-fold alone (one step of 200 ms among 24 ms ones at
     load 5), so the assertion compares the prefill steps' median, which the pacer aims at 1.5x the
     steps before, at 3x."""
@@ -170,7 +174,7 @@ def test_a_4000_token_prompt_beside_eight_streams(tmp_path, capsys):
     with torch.inference_mode():
         for s in seqs:
             llm.loop.add(s, bounded=False)
-        for _ in range(40):
+        for _ in range(BEFORE + 10):
             times.append(llm.loop.step()[1].stats.seconds)
         long = llm.sequence([rnd.randrange(10, 250) for _ in range(4000)],
                             SamplingParams(seed=99, gen_length=16, steps=16, block_length=4, stop_at_eos=False))
@@ -178,12 +182,12 @@ def test_a_4000_token_prompt_beside_eight_streams(tmp_path, capsys):
         during: list[float] = []
         while long.nfe == 0 or long.phase == PREFILL:
             during.append(llm.loop.step()[1].stats.seconds)
-    before = statistics.median(times[10:])
+    before, noise = statistics.median(times[10:]), max(times[10:])
     worst, p90 = max(during), sorted(during)[int(0.9 * (len(during) - 1))]
     with capsys.disabled():
         print(f"\n[issue 60 item 6] 4,000-token prompt beside 8 streams: step median before {before * 1000:.1f} ms; "
               f"during its prefill ({len(during)} steps) median {statistics.median(during) * 1000:.1f} ms, 90th "
-              f"percentile {p90 * 1000:.1f} ms, worst {worst * 1000:.1f} ms = {worst / before:.2f}x; load average "
-              f"{os.getloadavg()[0]:.1f}")
+              f"percentile {p90 * 1000:.1f} ms, worst {worst * 1000:.1f} ms = {worst / before:.2f}x (the worst of the "
+              f"{BEFORE} steps before: {noise / before:.2f}x); load average {os.getloadavg()[0]:.1f}")
     assert len(during) < 4000 // 4  # chunks of several blocks, not one a step
     assert statistics.median(during) < 3 * before, (during, before)
