@@ -13,6 +13,9 @@ neighbour at every step. Instead, each step:
    mean latency) — so a short request is not kept behind a long one, and a new short request
    starts at once. A group skipped `max_skips` ticks in a row runs next whatever its work, so a
    long request keeps at least 1 / (max_skips + 1) of the forwards while short ones keep coming.
+   The step loop counts a row's ticks in its own steps' cost (engine/loop/time_share.py), so
+   that share is of the loop's work, and a short row waits behind a long one at most max_skips
+   of its own steps' cost.
 
 With a single group (the common case: similar lengths) this is exactly one batched forward per
 step of every running request. Plain Python, no torch: the scheduler owns it, the runner only
@@ -84,7 +87,7 @@ def partition(rows: Sequence[T], tokens: Callable[[T], int], overhead: float) ->
 class Picker(Generic[T]):
     """Shortest-remaining-work choice among groups, with a starvation bound."""
 
-    def __init__(self, remaining: Callable[[T], float], skipped: Callable[[T], int], max_skips: int = 16):
+    def __init__(self, remaining: Callable[[T], float], skipped: Callable[[T], float], max_skips: int = 16):
         self.remaining, self.skipped, self.max_skips = remaining, skipped, max_skips
 
     def pick(self, groups: Sequence[Group[T]]) -> Group[T]:

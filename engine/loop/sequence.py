@@ -36,6 +36,8 @@ class Sequence(abc.ABC):
     # Unique per object: request ids may be reused once one ends.
     ticket: int = field(default_factory=lambda: next(_tickets), kw_only=True)
     skipped: int = field(default=0, kw_only=True)  # steps in a row the scheduler ran without this request
+    waited: float = field(default=0.0, kw_only=True)  # their cost in tokens (engine/loop/time_share.py)
+    step_cost: float = field(default=0.0, kw_only=True)  # of the last step it ran in (0: none yet)
     error: Optional[Exception] = field(default=None, kw_only=True)  # why this request alone failed (`fail`)
     # The client (API key, else address) whose share of the running slots it counts against
     # (engine/loop/fair_share.py); one call's samples share it. "" = one anonymous owner.

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from celeris.engine.loop import fair_share
+from celeris.engine.loop import fair_share, time_share
 from celeris.engine.loop.batching import Group, Picker, partition
 from celeris.engine.errors import Overloaded, row_error
 from celeris.engine.loop.runner_api import RowResult, StepRunner, StepStats
@@ -63,7 +63,9 @@ class StepLoop:
         # What one more forward costs, in tokens of padding it would save: the grouping's price.
         self.overhead = overhead if overhead is not None else runner.forward_overhead_tokens
         self.budget: Optional[int] = runner.forward_token_budget  # tokens a forward, at most
-        self.picker: Picker[Sequence] = Picker(self._remaining, lambda s: s.skipped, max_skips)
+        # Skips measured in each row's own steps' cost (engine/loop/time_share.py).
+        self.picker: Picker[Sequence] = Picker(self._remaining, self._skips, max_skips)
+        self._costliest = 0.0  # the costliest last step of the running rows, for new rows' skips
         self.free_slots = list(range(runner.slots))
         self.running: list[Sequence] = []
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -140,22 +142,28 @@ class StepLoop:
         kinds: dict[object, list[Sequence]] = {}
         for seq in self.running:
             kinds.setdefault(self.runner.forward_kind(seq), []).append(seq)
+        owners = len({s.owner for s in self.running})
+        self._costliest = max((s.step_cost for s in self.running), default=0.0)
         batch: list[Sequence] = []
         for rows in kinds.values():
             groups = partition(rows, self.runner.row_tokens, self.overhead)
-            batch += self._within_budget(groups[0] if len(groups) == 1 else self.picker.pick(groups))
-        owners = len({s.owner for s in self.running})
+            batch += self._within_budget(groups[0] if len(groups) == 1 else self.picker.pick(groups), owners)
         return fair_share.within_constraint_budget(batch, self.runner.row_constraint_work,
                                                    self.runner.constraint_budget, owners)
 
-    def _within_budget(self, group: Group[Sequence]) -> list[Sequence]:
+    def _skips(self, seq: Sequence) -> float:
+        return time_share.skips(seq, self._costliest)
+
+    def _within_budget(self, group: Group[Sequence], owners: int = 1) -> list[Sequence]:
         """A group's rows, at most the runner's token budget of them in one forward: a larger
         group steps those that waited longest first (round robin among its rows), so a request
-        arriving beside it waits for one small forward, not one long one."""
-        if self.budget is None or len(group.rows) * group.tokens <= self.budget:
+        arriving beside it waits for one small forward, not one long one. While several owners
+        run, each one's rows take at most its share of the budget (`time_share.owner_rows`)."""
+        if self.budget is None or (owners < 2 and len(group.rows) * group.tokens <= self.budget):
             return group.rows
         k = max(1, self.budget // max(1, group.tokens))
-        return sorted(group.rows, key=lambda s: (-s.skipped, s.ticket))[:k]
+        order = sorted(group.rows, key=lambda s: (-s.skipped, s.ticket))
+        return time_share.owner_rows(order, k, owners, self.budget, group.tokens)
 
     def step(self) -> tuple[list[StepEvent], Optional[StepRecord]]:
         """Admit, run one batched forward + selection for the group that steps, apply results,
@@ -176,6 +184,7 @@ class StepLoop:
                 during()
             return [], None
         batch = self.next_batch()
+        cost = self.overhead + sum(map(self.runner.row_tokens, batch))  # its rows' waits (time_share.py)
         started = time.time()
         if during is not None and self.runner.overlaps_host:
             results, stats = self.runner.step(batch, during=during)
@@ -186,12 +195,10 @@ class StepLoop:
         self.steps += 1
         self.forwards += stats.forwards
         if len(batch) == len(self.running):  # everyone stepped (the common case)
-            for seq in batch:
-                seq.skipped = 0
+            time_share.stepped(batch, (), cost)
         else:
-            stepped = set(map(id, batch))
-            for seq in self.running:
-                seq.skipped = 0 if id(seq) in stepped else seq.skipped + 1
+            ids = set(map(id, batch))
+            time_share.stepped(batch, [s for s in self.running if id(s) not in ids], cost)
         build = [apply_row(seq, r) for seq, r in zip(batch, results)]
         for seq in [s for s in self.running if s.finished]:  # a failed event build may end a row not in this batch
             self._release(seq)

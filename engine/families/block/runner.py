@@ -35,7 +35,7 @@ import torch
 from celeris.engine.models.attention import Spans
 from celeris.engine.families.block.sequence import PREFILL, BlockSequence
 from celeris.engine.models.cache import BlockCache, BlockKVStore
-from celeris.engine.families.block.chunked_prefill import cap_prefill_chunks
+from celeris.engine.families.block.chunked_prefill import PrefillPacer, cap_prefill_chunks, prefill_tokens
 from celeris.engine.families.block.levenshtein import edit_ids, joint_results
 from celeris.engine.config import EngineConfig
 from celeris.engine.families.family import Family
@@ -71,6 +71,7 @@ class BlockRunner(ConfigCosts):
         self.static = self.device.type == "cuda"
         self._graphs = GraphCache()
         self._graphed = False
+        self.pacer = PrefillPacer()  # prefill chunks beside decoding rows, from measured step times
         cfg = model.cfg  # a graphed MoE step computes every expert: E/k times the expert work
         self._graph_cost = max(1, cfg.num_experts // cfg.experts_per_token) if cfg.num_experts else 1
 
@@ -137,9 +138,11 @@ class BlockRunner(ConfigCosts):
              ) -> tuple[list[RowResult], StepStats]:
         t0 = time.perf_counter()
         forwards, widest, graphed, reads = 0, (0, 0, 0), False, []
-        cap_prefill_chunks(seqs, self.config.chunked_prefill)
+        cap_prefill_chunks(seqs, self.config.chunked_prefill, self.pacer.chunk())
         for s in seqs:
             s.fuse_first_block = self.fuses
+        prompt = prefill_tokens(seqs)
+        decoding = any(s.phase != PREFILL for s in seqs)
         for group in self._groups(seqs):
             rows = [seqs[i] for i in group]
             self._graphed = False
@@ -152,8 +155,9 @@ class BlockRunner(ConfigCosts):
             graphed |= self._graphed
             widest = max(widest, (B * Wq, B, Wq))
         results, committed = read_queued(reads, len(seqs), during)
-        return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, time.perf_counter() - t0,
-                                  graphed, forwards)
+        seconds = time.perf_counter() - t0
+        self.pacer.observe(seconds, prompt, decoding)
+        return results, StepStats(len(seqs), widest[1], widest[2], widest[2], committed, seconds, graphed, forwards)
 
     def _groups(self, seqs: Seq[BlockSequence]) -> list[list[int]]:
         """The step's forwards, as row indices: prefill rows and block rows together where the
