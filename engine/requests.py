@@ -32,7 +32,7 @@ from celeris.engine.tokenizer import Tokenizer
 
 # What a door's request may say, named here for the doors: the server imports four engine modules,
 # this one, serving, events and errors (tests/unit/test_imports.py).
-from celeris.engine.agents.history import MAX_JSON_NESTING  # noqa: F401
+from celeris.engine.agents.history import CHAT_ROLES, MAX_JSON_NESTING  # noqa: F401
 from celeris.engine.agents.parsers import TOOL_PARSERS, detect_tool_parser  # noqa: F401
 from celeris.engine.agents.reasoning import REASONING_PARSERS, detect_reasoning_parser  # noqa: F401
 from celeris.engine.agents.tools import parse_tool_choice, parse_tools  # noqa: F401
@@ -50,7 +50,6 @@ MAX_CACHE_SALT = 256  # characters
 # and structured outputs go to worker threads: what a client sends never holds the loop longer
 # than building a prompt of this size.
 INLINE_PROMPT = 256
-CHAT_ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result (engine/agents)
 
 
 @dataclass(frozen=True)
@@ -157,34 +156,8 @@ class Requests:
             elif len(req.token_ids) > tokens:
                 v.append(FieldViolation("token_ids", f"prompt is {len(req.token_ids)} tokens; {self._limit_text}"))
         else:
-            v += self._check_messages(req.messages, req.tools)
-        return v
-
-    def _check_messages(self, messages: Seq[dict], tools: Optional[Seq[dict]] = None) -> list[FieldViolation]:
-        """Each message's shape; then everything the template will write (contents, tool calls,
-        names, any other field, the tools) against the prompt's size limit, and its nesting, before
-        anything renders or tokenizes it (engine/agents/history.py)."""
-        if not messages:
-            return [FieldViolation("messages", "must not be empty")]
-        if len(messages) > self.config.max_prompt_tokens:  # every turn costs at least one token
-            return [FieldViolation("messages", f"{len(messages)} messages; the limit is {self.config.max_prompt_tokens}")]
-        v: list[FieldViolation] = []
-        total = extras = 0
-        for i, m in enumerate(messages):
-            role = m.get("role") if isinstance(m, dict) else None
-            content = m.get("content") if isinstance(m, dict) else None
-            if role not in CHAT_ROLES:
-                v.append(FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {clip(role)}"))
-            if not isinstance(content, str):
-                v.append(FieldViolation(f"messages[{i}].content", f"must be a string, got {clip(content)}"))
-            else:
-                total += len(content)
-            if isinstance(m, dict):
-                extras += history.message_extras(m, i, v)
-        extras += history.tools_size(tools, v)
-        if total + extras > self.max_prompt_chars:
-            what = "content is" if not extras else "text (contents, tool calls, names, tools) is"
-            v.append(self._too_long("messages", what, total + extras))
+            limits = (self.config.max_prompt_tokens, self.max_prompt_chars)
+            v += history.check_messages(req.messages, req.tools, limits, self._too_long)
         return v
 
     def _encode(self, req: Request) -> tuple[list[int], str]:

@@ -12,15 +12,16 @@ are scanned for their nesting before anything parses them.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from celeris.engine.errors import FieldViolation
+from celeris.engine.errors import FieldViolation, clip
 from celeris.engine.structured.spec import json_text_depth
 
 # Arrays and objects nested in a call's arguments, a tool's schema or any other JSON a chat
 # holds. Generous for real arguments (a schema is held to 32, engine/structured/spec.py), far
 # under the ~1,000 frames Python's recursive parsers and the template renderer have.
 MAX_JSON_NESTING = 64
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result
 
 
 def text_size(value: Any, field: str, v: list[FieldViolation], limit: int = MAX_JSON_NESTING) -> int:
@@ -65,3 +66,34 @@ def tools_size(tools: Optional[Sequence[dict]], v: list[FieldViolation]) -> int:
 
 
 __all__ = ["MAX_JSON_NESTING", "text_size", "message_extras", "tools_size"]
+
+
+def check_messages(messages: Sequence[dict], tools: Optional[Sequence[dict]], limits: tuple[int, int],
+                   too_long: Callable[[str, str, int], FieldViolation]) -> list[FieldViolation]:
+    """Each message's shape; then everything the template will write (contents, tool calls,
+    names, any other field, the tools) against the prompt's size limits, `limits` = (tokens,
+    characters) (`too_long` states a refusal), and its nesting, before anything renders or
+    tokenizes it. Every turn costs at least one token."""
+    max_tokens, max_chars = limits
+    if not messages:
+        return [FieldViolation("messages", "must not be empty")]
+    if len(messages) > max_tokens:
+        return [FieldViolation("messages", f"{len(messages)} messages; the limit is {max_tokens}")]
+    v: list[FieldViolation] = []
+    total = extras = 0
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else None
+        if role not in CHAT_ROLES:
+            v.append(FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {clip(role)}"))
+        if not isinstance(content, str):
+            v.append(FieldViolation(f"messages[{i}].content", f"must be a string, got {clip(content)}"))
+        else:
+            total += len(content)
+        if isinstance(m, dict):
+            extras += message_extras(m, i, v)
+    extras += tools_size(tools, v)
+    if total + extras > max_chars:
+        what = "content is" if not extras else "text (contents, tool calls, names, tools) is"
+        v.append(too_long("messages", what, total + extras))
+    return v
