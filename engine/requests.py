@@ -20,7 +20,7 @@ from typing import Optional, Sequence as Seq, Union
 from celeris.engine.agents import history
 from celeris.engine.agents.tools import compile_problems
 from celeris.engine.config import PROMPT_ROOM_CAP, EngineConfig
-from celeris.engine.errors import FieldViolation, InvalidRequest, clip
+from celeris.engine.errors import FieldViolation, InvalidRequest
 from celeris.engine.families.family import Family
 from celeris.engine.families.registry import row_of
 from celeris.engine.sampling.params import MAX_SEED, SamplingParams, fit_lengths
