@@ -57,8 +57,8 @@ def nan_row(served, monkeypatch):
     select = runner._select
 
     def poisoned(self, *args, **kwargs):
-        block = isinstance(args[0], list)  # BlockRunner._select(rows, logits, ...); Runner._select(b, geo, v, logits, ..., group)
-        rows, logits = (args[0], args[1]) if block else (args[-1], args[3])
+        block = isinstance(args[0], list)  # BlockRunner._select(rows, logits, ...); Runner._select(packed, logits)
+        rows, logits = (args[0], args[1]) if block else (args[0].group, args[1])
         for i, s in enumerate(rows):
             if s.params.seed == NAN_SEED:
                 logits[i] = float("nan")

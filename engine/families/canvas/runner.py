@@ -68,6 +68,18 @@ class View(NamedTuple):
     out_index: torch.Tensor  # (B, W) the window's columns
 
 
+class Packed(NamedTuple):
+    """One group's packed step as its selection reads it: the bucket, the rows' geometry (their
+    `geo` columns), the view, the sampling columns, the rows' attention spans and the rows."""
+
+    b: Bucket
+    geo: torch.Tensor  # (6, B): IDX, LENGTH, GEN_LEN, BLOCK_START, BLOCK_LEN, FIRST_ONLY per row
+    view: View
+    batch: SamplingBatch
+    spans: list[tuple[int, int]]
+    group: Seq[CanvasSequence]
+
+
 class Runner(ConfigCosts):
     def __init__(self, model: MaskPredictor, config: EngineConfig, family: Family):
         self.model = model
@@ -218,7 +230,7 @@ class Runner(ConfigCosts):
             b, graph, geo, scale, batch, spans = self._pack(group, mode, [plans[i][1] for i in members])
             view = self._view(b, geo)
             logits = self._replay(mode, b, geo, scale) if graph else self._forward(mode, b, view, geo, scale)
-            reads.append((members, self._select(b, geo, view, logits, batch, spans, group)))
+            reads.append((members, self._select(Packed(b, geo, view, batch, spans, group), logits)))
             graphed |= graph
             biggest = b if biggest is None or b.B * b.L > biggest.B * biggest.L else biggest
         results, committed = read_queued(reads, len(seqs), during)
@@ -298,10 +310,10 @@ class Runner(ConfigCosts):
             return None
         return torch.sort((~live).to(torch.uint8), dim=1, stable=True).indices[:, :K]
 
-    def _select(self, b: Bucket, geo: torch.Tensor, v: View, logits: torch.Tensor, batch: SamplingBatch,
-                spans: list[tuple[int, int]], group: Seq[CanvasSequence] = ()) -> Callable[[], list[RowResult]]:
+    def _select(self, p: Packed, logits: torch.Tensor) -> Callable[[], list[RowResult]]:
         """Select over the window and write the picks back by position; the call that reads the
         rows' results (the host's wait for the device)."""
+        b, geo, v, batch, spans, group = p
         B, L, W = b.B, b.L, b.W
         tokens = torch.gather(v.ids, 1, v.out_index)
         w = torch.arange(W, device=self.device)

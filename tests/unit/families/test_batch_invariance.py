@@ -94,7 +94,7 @@ def _record_logits(llm: LLM, seen: dict[str, list[torch.Tensor]]) -> None:
             widths = [s.block_window[1] - s.block_window[0] for s in rows]  # a joining prefill row: its first block
         else:  # the columns a step reads: still masked (on the CPU the head runs on those only, so the
             # others hold what the batch's widest row needed computed, or 0: canvas/runner._live_columns)
-            rows, logits, v = args[6], args[3], args[2]
+            rows, logits, v = args[0].group, args[1], args[0].view
             widths = [s.params.block_length for s in rows]
             masked = torch.gather(v.ids, 1, v.out_index) == llm.runner.mask_id
         for r, (s, w) in enumerate(zip(rows, widths)):

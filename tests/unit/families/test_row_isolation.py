@@ -85,8 +85,8 @@ def nan_selection(llm, monkeypatch):
     select = type(runner)._select
 
     def poisoned(self, *args, **kwargs):
-        rows = args[0] if isinstance(args[0], list) else (kwargs.get("group") or args[-1])
-        logits = args[1] if isinstance(args[0], list) else args[3]
+        rows = args[0] if isinstance(args[0], list) else args[0].group  # BlockRunner's rows, Runner's Packed
+        logits = args[1]
         for i, s in enumerate(rows):
             if s.request_id == "nan-row":
                 logits[i] = float("nan")
