@@ -211,7 +211,7 @@ class Requests:
     def _serves_lazy(self, params: SamplingParams) -> bool:
         """Whether a structure the model may decline (`Structured.lazy`: tool_choice "auto") is
         served: on the whole-document path, where nothing the request sets could cut it."""
-        return self.row.documents and not (params.stop or params.stop_token_ids or params.min_tokens)
+        return self.row.lazy_structures and not (params.stop or params.stop_token_ids or params.min_tokens)
 
     def _structure(self, req: Request, params: SamplingParams) -> tuple[SamplingParams, Constraint]:
         """The request's constraint and the parameters it decodes with: a request that set no

@@ -57,6 +57,10 @@ class Row:
     sequence: type  # the DecodeSequence class of its requests
     shape: Shape  # how a request's parameters become its Sequence (see Shape)
     warmup: tuple[tuple[str, Any], ...] = ()  # the server's warm-up request, over the tiny one below
+    # A structure the model may decline (tool_choice "auto", `Structured.lazy`) decoded under its
+    # grammar from the first position. False where canvases are denoised free and only committed
+    # under a grammar (revising): no position decides first, so "auto" is parsed after the fact.
+    lazy_structures: bool = True
 
     def new_sequence(self, family: Family, config: EngineConfig, request_id: str, prompt: list[int],
                      params: SamplingParams, **fields: Any) -> DecodeSequence:
@@ -127,7 +131,7 @@ def _revise_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tu
 
 ROWS: tuple[Row, ...] = (
     Row(REVISE, revise_card.CARDS, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
-        warmup=(("max_denoising_steps", 1),)),  # one denoising step of one canvas
+        warmup=(("max_denoising_steps", 1),), lazy_structures=False),  # warm-up: one denoising step of one canvas
     Row(BLOCK, block_cards.CARDS, _load_masked, BlockRunner, BlockSequence, _block_shape),
     Row(FULL, canvas_cards.CARDS, _load_masked, Runner, CanvasSequence, _canvas_shape),
 )
