@@ -44,7 +44,10 @@ class Rows:
         out = []
         for w, e, causal in zip(self.width, self.key_end, self.causal):
             allowed = None
-            if causal and w > 1:  # (w, e): key j visible to query i iff j <= e - w + i
+            # (w, e): key j visible to query i iff j <= e - w + i. A one-token row gets its (all
+            # true) mask too: the masked kernel then computes a query alike in an ar step and in a
+            # verify pass, whose masked keys add exact zeros (self-speculation equals ar).
+            if causal:
                 allowed = torch.arange(e)[None, :] <= (e - w + torch.arange(w))[:, None]
             out.append(RowSpan(0, w, 0, e, allowed))
         return out

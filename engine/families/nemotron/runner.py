@@ -29,6 +29,7 @@ from celeris.engine.families.nemotron.model import NemotronLM, Rows
 from celeris.engine.families.nemotron.sequence import PREFILL, NemotronSequence
 from celeris.engine.loop.runner_api import EMPTY, ConfigCosts, RowResult, StepStats
 from celeris.engine.models.cache import BlockCache, BlockKVStore
+from celeris.engine.models.moe import ROW_ALIGN
 from celeris.engine.sampling.noise import position_hash, row_scores
 
 _STREAM = 0x4E4C44  # the noise stream of this family's draws
@@ -82,6 +83,8 @@ class NemotronRunner(ConfigCosts):
         windows = [s.window for s in rows]
         width = [e - a for a, e in windows]
         W = max(width)
+        if self.device.type == "cpu":  # B * W a multiple of ROW_ALIGN: CPU GEMMs round a row alike in
+            W += -W % ROW_ALIGN  # any batch and window (an ar step's token as in a verify pass)
         ids = torch.full((B, W), self.mask_id, dtype=torch.long)
         for r, s in enumerate(rows):
             ids[r, :width[r]] = torch.tensor(s.ids, dtype=torch.long)

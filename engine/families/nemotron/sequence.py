@@ -225,15 +225,18 @@ class NemotronSequence(DecodeSequence):
     # ------------------------------------------------------------------ linear self-speculation
 
     def _draft(self, picks: list[int], conf: list[float]) -> None:
-        masked = [j for j, t in enumerate(self.draft) if t == self.mask_id]
+        """Fill the draft's masks. Its first token is the last committed one, kept even when it is
+        the mask id (an untrained model may write it; the published loop would re-draft it, and its
+        verify pass would then run on a token the output does not hold)."""
+        masked = [j for j in range(1, len(self.draft)) if self.draft[j] == self.mask_id]
         th = self.params.threshold
-        if th is None:
+        if not masked or th is None:
             chosen = masked
         else:
             chosen = [j for j in masked if conf[j] >= th] or [max(masked, key=lambda j: (conf[j], -j))]
         for j in chosen:
             self.draft[j] = picks[j]
-        if self.mask_id not in self.draft:
+        if self.mask_id not in self.draft[1:]:
             self.phase = VERIFY
 
     def _verify(self, picks: list[int], conf: list[float]) -> bool:
@@ -251,8 +254,8 @@ class NemotronSequence(DecodeSequence):
 
     def new_draft(self) -> None:
         """The next block to draft: the last committed token, then masks."""
-        self.phase = DRAFT
         self.draft = [self.canvas[self.n - 1]] + [self.mask_id] * (self.params.block_length - 1)
+        self.phase = DRAFT if len(self.draft) > 1 else VERIFY  # a one-token block has nothing to draft
 
     # ------------------------------------------------------------------ events
 
