@@ -59,6 +59,8 @@ class Family:
         """The knobs a checkpoint's generation_config.json may set: a mask model's every knob it
         reads (celeris keys); a revising model's own only (its file is transformers' format, where
         a key of another knob's name, `temperature`, `top_k`, means something else)."""
+        if self.kind == CAUSAL:  # transformers' file, whose temperature / top_k are its sampler's: none read
+            return ()
         own = read_by(self.decoder) if self.decoder == MASK else tuple(k for k in KNOBS if k.only == REVISING)
         return tuple(k for k in own if not k.per_request)
 

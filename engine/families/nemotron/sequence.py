@@ -141,8 +141,10 @@ class NemotronSequence(DecodeSequence):
             seeded = conf[-1]
         elif phase == DRAFT:
             self._draft(picks, conf)
-            provisional = tuple((self.n + j - 1, t, c) for j, t, c in zip(range(1, len(self.draft)), self.draft[1:],
-                                                                           conf[1:]) if self.n + j - 1 < len(self.canvas))
+            # the draft as guesses at output positions n.. (a rejected draft is a revision of them)
+            guess = [picks[j] if t == self.mask_id else t for j, t in enumerate(self.draft)]
+            provisional = tuple((self.n + j - 1, guess[j], conf[j]) for j in range(1, len(guess))
+                                if self.n + j - 1 < len(self.canvas))
         else:
             complete = self._verify(picks, conf)
         if self.mode == DIFFUSION and seeded is not None:  # the seed of the block

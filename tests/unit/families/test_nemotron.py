@@ -64,7 +64,7 @@ def test_the_folder_loads_with_its_modes(llm):
 def test_token_for_token_as_the_reference(llm, ref, mode):
     """Several prompts, block lengths and thresholds; every decode identical (counted in the notes)."""
     settings = {"ar": [(8, None)], "diffusion": [(4, None), (8, None), (8, 0.5), (16, 0.9)],
-                "linear_spec": [(4, None), (8, None), (8, 0.6), (16, None)]}[mode]
+                "linear_spec": [(4, None), (8, None), (4, 0.6), (16, None)]}[mode]
     prompts, same, total = _prompts(4, seed=len(mode)), 0, 0
     for b, th in settings:
         seqs = _run(llm, prompts, decoding=mode, block_length=b, threshold=th, gen_length=G, steps=G)
@@ -129,3 +129,22 @@ def test_knobs_its_loops_do_not_read_are_refused(llm):
     with pytest.raises(InvalidRequest) as e:
         llm.request([5, 6, 7], SamplingParams(block_length=8, gen_length=16, steps=16, top_k=5, remasking="margin"))
     assert {v.field for v in e.value.violations} == {"top_k", "remasking"}
+
+
+def test_other_families_refuse_decoding_modes():
+    from celeris.engine.families.registry import family_of
+    from tests.helpers import tiny_config
+
+    for arch in ("llada", "sdar"):
+        bad = family_of(tiny_config(arch=arch)).violations(SamplingParams(decoding="ar"))
+        assert [v.field for v in bad] == ["decoding"], arch
+
+
+def test_structured_outputs_are_refused_by_field(llm):
+    from celeris.engine.requests import Request
+    from celeris.engine.structured.spec import Structured
+
+    with pytest.raises(InvalidRequest) as e:
+        llm.build(Request(prompt="Hi", params=replace(llm.defaults, gen_length=16, steps=16),
+                          structured=Structured("regex", "[ab]+", "regex")))
+    assert "structured outputs are not served" in e.value.violations[0].description
