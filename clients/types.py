@@ -33,12 +33,15 @@ KV_CACHE_NAMES = {pb.KV_CACHE_NONE: "none", pb.KV_CACHE_PREFIX: "prefix", pb.KV_
                   pb.KV_CACHE_EXACT: "exact"}
 FACTOR_RULES = {"fast_dllm": pb.FACTOR_RULE_FAST_DLLM, "paper": pb.FACTOR_RULE_PAPER}
 SCHEDULES = {"llada": pb.SCHEDULE_LLADA, "dream": pb.SCHEDULE_DREAM}
+DECODING_MODES = {"ar": pb.DECODING_MODE_AR, "diffusion": pb.DECODING_MODE_DIFFUSION,
+                  "linear_spec": pb.DECODING_MODE_LINEAR_SPEC}
 # Knobs that map one to one onto optional GenerateRequest fields, and the enum ones by name.
 SCALAR_KNOBS = ("gen_length", "steps", "block_length", "temperature", "threshold", "factor", "cfg_scale", "seed",
                 "eps", "top_k", "top_p", "min_p", "ignore_eos", "min_tokens", "logprobs", "n", "frequency_penalty",
                 "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
                 "confidence_threshold", "editing_threshold", "max_post_steps")
-ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES}
+ENUM_KNOBS = {"remasking": REMASKING, "kv_cache": KV_CACHES, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES,
+              "decoding": DECODING_MODES}
 KNOBS = (*SCALAR_KNOBS, *ENUM_KNOBS, "stop_token_ids", "stop")
 
 

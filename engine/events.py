@@ -73,6 +73,10 @@ class StepEvent:
     # Typed decisions: a choice asked with logprobs gets {option: probability} over its options
     # (summing to 1; engine/sampling/choice.py), on the last event only; None otherwise.
     choice_probabilities: Optional[dict[str, float]] = None
+    # Self-speculation (Nemotron-Labs-Diffusion's linear_spec): verify passes run so far and the
+    # tokens they accepted (accepted / passes: accepted tokens per verify pass); 0 otherwise.
+    verify_passes: int = 0
+    accepted_tokens: int = 0
 
     def with_formatted(self, formatted: Any) -> StepEvent:
         """This event with `formatted` set: `dataclasses.replace` without running the frozen

@@ -248,6 +248,9 @@ class Requests:
         """A structured output's per-request state (sizes are checked before anything compiles;
         callers run this on a worker thread). Options that could cut or bend the structure
         (stop strings and ids, min_tokens) are refused with it, never applied half-way."""
+        if not self.row.structured:
+            raise InvalidRequest([FieldViolation(spec.field, "structured outputs are not served on this model's "
+                                                             "family yet (its decoding order has no grammar path)")])
         v = [FieldViolation(name, f"cannot be combined with {spec.field}: it could cut the structure")
              for name, bad in (("stop", params.stop), ("stop_token_ids", params.stop_token_ids),
                                ("min_tokens", params.min_tokens)) if bad]

@@ -189,6 +189,14 @@ class Metrics:
                                             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.structured = Counter("celeris_structured_requests_total", "Structured-output requests admitted, by "
                                   "how they decode: skeleton, document (one grammar) or regex", ["path"], registry=r)
+        # Self-speculation (Nemotron-Labs-Diffusion's linear_spec): their ratio is accepted tokens per
+        # verify pass; the histogram has each finished request's own.
+        self.verify_passes = Counter("celeris_verify_passes_total", "Self-speculation verify passes", registry=r)
+        self.accepted_tokens = Counter("celeris_accepted_tokens_total", "Tokens self-speculation verify passes "
+                                       "accepted", registry=r)
+        self.accepted_per_verify = Histogram("celeris_accepted_tokens_per_verify", "A self-speculating request's "
+                                             "accepted tokens per verify pass", registry=r,
+                                             buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32))
 
     def serve(self, port: int, host: str = "127.0.0.1"):
         return start_http_server(port, addr=host.strip("[]") or "::", registry=self.registry)
@@ -252,6 +260,11 @@ class RequestObserver:
         generated = len(ev.generated)
         self.tel.metrics.generated_tokens.inc(generated)
         self.tel.metrics.prompt_tokens.inc(ev.prompt_tokens)
+        if ev.verify_passes:
+            m = self.tel.metrics
+            m.verify_passes.inc(ev.verify_passes)
+            m.accepted_tokens.inc(ev.accepted_tokens)
+            m.accepted_per_verify.observe(ev.accepted_tokens / ev.verify_passes)
         reason = ev.finish_reason.value if ev.finish_reason else "length"
         self.span.set_attributes({"celeris.finish_reason": reason, "celeris.generated_tokens": generated,
                                   "celeris.forward_passes": ev.forward_passes, "celeris.steps": ev.steps,

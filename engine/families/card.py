@@ -45,6 +45,9 @@ class ArchCard:
     # checkpoint's name of each of the model's parameters. None: celeris reads it only.
     writes: Optional[Callable[[ModelConfig], dict[str, Any]]] = None
     published_name: Optional[Callable[[str], str]] = None
+    # Decoding modes a loaded model's config serves, its default first (Nemotron-Labs-Diffusion's
+    # ar / diffusion / linear_spec); () for an architecture with one way to decode.
+    modes: Optional[Callable[[Any], tuple[str, ...]]] = None
 
     def config(self, **fields: Any) -> ModelConfig:
         """A model config of this architecture: its traits, then `fields`."""

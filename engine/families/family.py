@@ -18,7 +18,7 @@ from celeris.engine.sampling.batch import SelectionRule
 from celeris.engine.sampling.knobs import KNOBS, Knob, only, read_by
 from celeris.engine.sampling.params import MASK, REVISE as REVISING, SamplingParams
 
-FULL, BLOCK, REVISE = "full", "block", "revise"
+FULL, BLOCK, REVISE, CAUSAL = "full", "block", "revise", "causal"
 # The knobs only a revising family reads, and the mask-model knobs it does not have: both from
 # the knob table (SamplingParams' `only=` tags).
 REVISE_KNOBS = only(REVISING)
@@ -37,6 +37,9 @@ class Family:
     edits: bool = False  # LLaDA2.1: written tokens of the current block may be replaced (token editing)
     defaults: tuple[tuple[str, Any], ...] = ()  # its card's published defaults, over the kind's
     routing_block: int = 0  # a block-routed MoE's block (LLaDA2.2): block lengths are multiples of it
+    # CAUSAL (Nemotron-Labs-Diffusion): the decoding modes it serves (`SamplingParams.decoding`), the
+    # default first; () for a family with one way to decode.
+    modes: tuple[str, ...] = ()
 
     @property
     def block(self) -> bool:
@@ -57,6 +60,8 @@ class Family:
         """The knobs a checkpoint's generation_config.json may set: a mask model's every knob it
         reads (celeris keys); a revising model's own only (its file is transformers' format, where
         a key of another knob's name, `temperature`, `top_k`, means something else)."""
+        if self.kind == CAUSAL:  # transformers' file, whose temperature / top_k are its sampler's: none read
+            return ()
         own = read_by(self.decoder) if self.decoder == MASK else tuple(k for k in KNOBS if k.only == REVISING)
         return tuple(k for k in own if not k.per_request)
 
@@ -78,7 +83,7 @@ class Family:
         base = SamplingParams()
         if self.revising:  # one canvas; steps and blocks mean nothing to it (its knobs are REVISE_KNOBS)
             base = replace(base, gen_length=self.block_length, block_length=self.block_length, steps=1)
-        elif self.block:
+        elif self.block or self.kind == CAUSAL:
             base = replace(base, block_length=self.block_length, steps=base.gen_length)
         return replace(base, **dict(self.defaults))
 
@@ -86,9 +91,13 @@ class Family:
         """Options this family's decoding does not have, by field."""
         if self.revising:
             return self._revise_violations(p)
+        if self.kind == CAUSAL:
+            return self._causal_violations(p)
         base = SamplingParams()
         bad = [FieldViolation(name, "only revising models (DiffusionGemma) have it")
                for name in REVISE_KNOBS if getattr(p, name) != getattr(base, name)]
+        if p.decoding is not None:
+            bad.append(FieldViolation("decoding", "only Nemotron-Labs-Diffusion has decoding modes"))
         if p.editing_threshold is not None and not self.edits:
             bad.append(FieldViolation("editing_threshold", "this model never replaces a token it wrote; token editing "
                                                            "is LLaDA2.1's"))
@@ -105,6 +114,24 @@ class Family:
         if p.cfg_scale > 0:
             bad.append(FieldViolation("cfg_scale", "classifier-free guidance is not supported for block-diffusion "
                                                    "models"))
+        return bad
+
+    def _causal_violations(self, p: SamplingParams) -> list[FieldViolation]:
+        """Nemotron-Labs-Diffusion: its modes (self-speculation only with the draft adapter loaded),
+        and the knobs its published loops have (block_length, threshold, temperature, seed, stops)."""
+        bad = []
+        if p.decoding is not None and p.decoding not in self.modes:
+            why = ("needs the draft adapter (linear_spec_lora/ beside the checkpoint), which this server did not "
+                   "load" if p.decoding == "linear_spec" else "not a mode of this model")
+            bad.append(FieldViolation("decoding", f"{p.decoding}: {why}; served: {', '.join(self.modes)}"))
+        base = {f.name: f.default for f in fields(SamplingParams)}
+        unread = ("remasking", "factor", "editing_threshold", "factor_rule", "schedule", "top_k", "top_p", "min_p",
+                  "frequency_penalty", "presence_penalty", "min_tokens", "logprobs", "cfg_scale", *REVISE_KNOBS)
+        bad += [FieldViolation(name, "not a knob of Nemotron-Labs-Diffusion's published loops (its knobs: decoding, "
+                                     "block_length, threshold, temperature, seed, stops)")
+                for name in unread if getattr(p, name) != base[name]]
+        if p.kv_cache not in (None, "none", "exact"):
+            bad.append(FieldViolation("kv_cache", "Nemotron-Labs-Diffusion always decodes over its exact causal cache"))
         return bad
 
     @staticmethod

@@ -9,11 +9,12 @@ its card's rule and defaults under its row's kind. Adding an architecture is one
 family's folder, listed by its row; adding a family is a folder beside canvas/, block/ and revise/
 and one row here (docs/architecture.md).
 
-| row    | kind   | cards                            | runner       | request state    |
-|--------|--------|----------------------------------|--------------|------------------|
-| revise | revise | DiffusionGemma                   | ReviseRunner | RevisingSequence |
-| block  | block  | SDAR, LLaDA2.2, LLaDA2.1, LLaDA2 | BlockRunner  | BlockSequence    |
-| canvas | full   | LLaDA, Dream                     | Runner       | CanvasSequence   |
+| row      | kind   | cards                            | runner         | request state    |
+|----------|--------|----------------------------------|----------------|------------------|
+| revise   | revise | DiffusionGemma                   | ReviseRunner   | RevisingSequence |
+| block    | block  | SDAR, LLaDA2.2, LLaDA2.1, LLaDA2 | BlockRunner    | BlockSequence    |
+| nemotron | causal | Nemotron-Labs-Diffusion          | NemotronRunner | NemotronSequence |
+| canvas   | full   | LLaDA, Dream                     | Runner         | CanvasSequence   |
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from celeris.engine.families.canvas import cards as canvas_cards
 from celeris.engine.families.canvas.runner import Runner
 from celeris.engine.families.canvas.sequence import CanvasSequence
 from celeris.engine.families.card import ArchCard
-from celeris.engine.families.family import BLOCK, FULL, REVISE, Family
+from celeris.engine.families.family import BLOCK, CAUSAL, FULL, REVISE, Family
+from celeris.engine.families.nemotron import card as nemotron_card
+from celeris.engine.families.nemotron.runner import NemotronRunner
+from celeris.engine.families.nemotron.sequence import NemotronSequence
+from celeris.engine.families.nemotron.weights import load_nemotron
 from celeris.engine.families.revise import card as revise_card
 from celeris.engine.families.revise.config import generation_eos
 from celeris.engine.families.revise.runner import ReviseRunner
@@ -61,6 +66,7 @@ class Row:
     # grammar from the first position. False where canvases are denoised free and only committed
     # under a grammar (revising): no position decides first, so "auto" is parsed after the fact.
     lazy_structures: bool = True
+    structured: bool = True  # serves structured outputs at all (else they are refused by field)
 
     def new_sequence(self, family: Family, config: EngineConfig, request_id: str, prompt: list[int],
                      params: SamplingParams, **fields: Any) -> DecodeSequence:
@@ -108,6 +114,13 @@ def _load_revising(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
     return model
 
 
+def _load_nemotron(folder: Path, config: EngineConfig, card: ArchCard) -> Any:
+    """A Nemotron-Labs-Diffusion folder (and its draft adapter, when there is one), on one process."""
+    if config.tensor_parallel_size != 1 or config.expert_parallel:
+        raise ModelLoadError("Nemotron-Labs-Diffusion is served on one process only (no tensor parallel yet)")
+    return load_nemotron(folder, dtype=config.dtype, device=config.device)
+
+
 # ------------------------------------------------------------------ request state
 
 
@@ -127,12 +140,22 @@ def _revise_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tu
     return replace(p, gen_length=G, block_length=L, steps=G // L, kv_cache="exact"), {}
 
 
+def _nemotron_shape(p: SamplingParams, family: Family, config: EngineConfig) -> tuple[SamplingParams, dict]:
+    """The request's mode (unset: the family's default), over its exact causal cache."""
+    mode = p.decoding or family.modes[0]
+    return replace(p, decoding=mode, kv_cache="exact"), {"mode": mode, "prefill_chunk": config.prefill_chunk}
+
+
 # ------------------------------------------------------------------ the rows, in claiming order
 
 ROWS: tuple[Row, ...] = (
     Row(REVISE, revise_card.CARDS, _load_revising, ReviseRunner, RevisingSequence, _revise_shape,
         warmup=(("max_denoising_steps", 1),), lazy_structures=False),  # warm-up: one denoising step of one canvas
     Row(BLOCK, block_cards.CARDS, _load_masked, BlockRunner, BlockSequence, _block_shape),
+    # left to right, its tokens final once committed: structured outputs would need a grammar
+    # over its causal order (not yet), so they are refused by field
+    Row(CAUSAL, nemotron_card.CARDS, _load_nemotron, NemotronRunner, NemotronSequence, _nemotron_shape,
+        structured=False, lazy_structures=False),
     Row(FULL, canvas_cards.CARDS, _load_masked, Runner, CanvasSequence, _canvas_shape),
 )
 
@@ -208,9 +231,12 @@ def family_of(cfg: Any) -> Family:
     its card's rule, defaults and token editing, and the block (or canvas) length it decodes in."""
     card = card_of(cfg)
     row = next(r for r in ROWS if card in r.cards)
-    length = getattr(cfg, "canvas_length", 0) if row.kind == REVISE else cfg.block_length if row.kind == BLOCK else 0
+    length = getattr(cfg, "canvas_length", 0) if row.kind == REVISE else cfg.block_length if row.kind in (
+        BLOCK, CAUSAL) else 0
     rule = card.rule(cfg.mask_token_id) if card.rule is not None else None
-    return Family(card.name, row.kind, rule, length, card.edits, card.defaults, getattr(cfg, "routing_block", 0))
+    modes = card.modes(cfg) if card.modes is not None else ()
+    return Family(card.name, row.kind, rule, length, card.edits, card.defaults,
+                  routing_block=getattr(cfg, "routing_block", 0), modes=modes)
 
 
 __all__ = ["ROWS", "Row", "card_named", "card_of", "claim", "claim_card", "family_of", "first_card", "known_architectures", "load",

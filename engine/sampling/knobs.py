@@ -14,12 +14,14 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from celeris.engine.sampling.params import FACTOR_RULES, KV_CACHE_MODES, REMASKING, SCHEDULES, SamplingParams
+from celeris.engine.sampling.params import (DECODING_MODES, FACTOR_RULES, KV_CACHE_MODES, REMASKING, SCHEDULES,
+                                            SamplingParams)
 
 INT, FLOAT, BOOL, CHOICE, STRINGS, IDS = "int", "float", "bool", "choice", "strings", "ids"
 _KINDS = {"int": INT, "float": FLOAT, "bool": BOOL, "str": CHOICE, "tuple[str, ...]": STRINGS,
           "tuple[int, ...]": IDS}
-CHOICES = {"remasking": REMASKING, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES, "kv_cache": KV_CACHE_MODES}
+CHOICES = {"remasking": REMASKING, "factor_rule": FACTOR_RULES, "schedule": SCHEDULES, "kv_cache": KV_CACHE_MODES,
+           "decoding": DECODING_MODES}
 
 
 @dataclass(frozen=True)

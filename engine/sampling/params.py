@@ -25,6 +25,10 @@ SCHEDULES = ("llada", "dream")
 masks over its steps, or Dream's timesteps linspace(1, eps, steps + 1) applied to the masks
 still left (`sampler.dream_transfer_count`)."""
 
+DECODING_MODES = ("ar", "diffusion", "linear_spec")
+"""Nemotron-Labs-Diffusion's three ways to decode one checkpoint: autoregressive (`ar_generate`),
+block diffusion (`generate`) and linear self-speculation (`linear_spec_generate`)."""
+
 KV_CACHE_MODES = ("none", "prefix", "dual")
 """Fast-dLLM's approximate block caches: none, prefix (the block and all after it recomputed),
 dual (only the block recomputed)."""
@@ -116,6 +120,9 @@ class SamplingParams:
     stability_threshold: int = knob(1, "revising models: a canvas stops once its argmax held this many steps "
                                        "(and is confident)", only=REVISE)
     confidence_threshold: float = knob(0.005, "revising models: ...and its mean entropy is below this", only=REVISE)
+    decoding: Optional[str] = knob(None, "Nemotron-Labs-Diffusion only: ar, diffusion (block diffusion; block_length, "
+                                         "threshold) or linear_spec (self-speculation with its draft adapter; "
+                                         "block_length, threshold); unset: diffusion", only=MASK)
     seed: Optional[int] = knob(None, "random seed (unset: the engine picks one and reports it)", per_request=True)
     stop_at_eos: bool = knob(True, "finish once a finished block holds a stop token", http=None, cli=None, proto=None)
 
@@ -170,6 +177,8 @@ class SamplingParams:
         for name, choices in (("remasking", REMASKING), ("factor_rule", FACTOR_RULES), ("schedule", SCHEDULES)):
             if getattr(self, name) not in choices:
                 bad(name, f"must be one of {', '.join(choices)}, got {clip(getattr(self, name))}")
+        if self.decoding is not None and self.decoding not in DECODING_MODES:
+            bad("decoding", f"must be one of {', '.join(DECODING_MODES)}, got {clip(self.decoding)}")
         if self.kv_cache is not None and self.kv_cache not in KV_CACHE_MODES:
             bad("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}, got {clip(self.kv_cache)}")
         if self.threshold is not None and (not _finite(self.threshold) or not 0 < self.threshold <= 1):

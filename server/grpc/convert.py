@@ -46,8 +46,10 @@ KV_CACHE_TO_PB = {"none": pb.KV_CACHE_NONE, "prefix": pb.KV_CACHE_PREFIX, "dual"
 FACTOR_RULE_TO_ENGINE = {pb.FACTOR_RULE_FAST_DLLM: "fast_dllm", pb.FACTOR_RULE_PAPER: "paper"}
 SCHEDULE_TO_ENGINE = {pb.SCHEDULE_LLADA: "llada", pb.SCHEDULE_DREAM: "dream"}
 SCHEDULE_TO_PB = {v: k for k, v in SCHEDULE_TO_ENGINE.items()}
+DECODING_TO_ENGINE = {pb.DECODING_MODE_AR: "ar", pb.DECODING_MODE_DIFFUSION: "diffusion",
+                      pb.DECODING_MODE_LINEAR_SPEC: "linear_spec"}
 ENUMS_TO_ENGINE = {"remasking": REMASKING_TO_ENGINE, "kv_cache": KV_CACHE_TO_ENGINE | {pb.KV_CACHE_EXACT: "exact"},
-                   "factor_rule": FACTOR_RULE_TO_ENGINE, "schedule": SCHEDULE_TO_ENGINE}
+                   "factor_rule": FACTOR_RULE_TO_ENGINE, "schedule": SCHEDULE_TO_ENGINE, "decoding": DECODING_TO_ENGINE}
 FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -295,7 +297,8 @@ def finalize(msg: pb.GenerateResponse, ev: StepEvent, elapsed_s: float, tok: Tok
             msg.finish_reason = pb.FINISH_REASON_TOOL_CALLS
     msg.seed = ev.seed
     msg.usage.CopyFrom(pb.Usage(prompt_tokens=ev.prompt_tokens, generated_tokens=len(ev.generated),
-                                forward_passes=ev.forward_passes, cached_tokens=ev.cached_tokens))
+                                forward_passes=ev.forward_passes, cached_tokens=ev.cached_tokens,
+                                verify_passes=ev.verify_passes, accepted_tokens=ev.accepted_tokens))
     msg.elapsed.CopyFrom(Duration(seconds=int(elapsed_s), nanos=int((elapsed_s % 1) * 1e9)))
     msg.kv_cache = KV_CACHE_TO_PB[ev.kv_cache]
     for token, (lp, top) in zip(msg.tokens, ev.logprobs):  # with logprobs: every generated token
@@ -382,4 +385,5 @@ def model_info(llm, name: str = "") -> pb.GetModelInfoResponse:
                                      max_denoising_steps=d.max_denoising_steps, entropy_bound=d.entropy_bound,
                                      t_min=d.t_min, t_max=d.t_max, stability_threshold=d.stability_threshold,
                                      confidence_threshold=d.confidence_threshold),
-        dtype=ec.dtype, device=ec.device, family=llm.family.kind, token_editing=llm.family.edits)
+        dtype=ec.dtype, device=ec.device, family=llm.family.kind, token_editing=llm.family.edits,
+        decoding_modes=llm.family.modes)

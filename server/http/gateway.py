@@ -213,7 +213,8 @@ class HttpGateway:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "celeris",
                 "root": self.llm.name, "parent": None, "max_model_len": self.llm.max_model_len,
                 # which knobs apply (the page shows only those): the family's decoding kind and arch
-                "celeris": {"architecture": fam.arch, "family": fam.kind, "token_editing": fam.edits}}
+                "celeris": {"architecture": fam.arch, "family": fam.kind, "token_editing": fam.edits,
+                            "decoding_modes": list(fam.modes)}}
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card(n) for n in self.model_names]})

@@ -51,8 +51,11 @@ FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason
 
 def usage(ev: StepEvent) -> dict[str, Any]:
     gen = len(ev.generated)
-    return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": gen, "total_tokens": ev.prompt_tokens + gen,
-            "forward_passes": ev.forward_passes, "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}
+    out = {"prompt_tokens": ev.prompt_tokens, "completion_tokens": gen, "total_tokens": ev.prompt_tokens + gen,
+           "forward_passes": ev.forward_passes, "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}
+    if ev.verify_passes:  # self-speculation: accepted tokens per verify pass = accepted_tokens / verify_passes
+        out |= {"verify_passes": ev.verify_passes, "accepted_tokens": ev.accepted_tokens}
+    return out
 
 
 def _cached(usages: list[dict[str, Any]]) -> dict[str, int]:

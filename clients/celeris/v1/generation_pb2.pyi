@@ -32,6 +32,13 @@ class FactorRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FACTOR_RULE_FAST_DLLM: _ClassVar[FactorRule]
     FACTOR_RULE_PAPER: _ClassVar[FactorRule]
 
+class DecodingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECODING_MODE_UNSPECIFIED: _ClassVar[DecodingMode]
+    DECODING_MODE_AR: _ClassVar[DecodingMode]
+    DECODING_MODE_DIFFUSION: _ClassVar[DecodingMode]
+    DECODING_MODE_LINEAR_SPEC: _ClassVar[DecodingMode]
+
 class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
@@ -79,6 +86,10 @@ KV_CACHE_EXACT: KvCache
 FACTOR_RULE_UNSPECIFIED: FactorRule
 FACTOR_RULE_FAST_DLLM: FactorRule
 FACTOR_RULE_PAPER: FactorRule
+DECODING_MODE_UNSPECIFIED: DecodingMode
+DECODING_MODE_AR: DecodingMode
+DECODING_MODE_DIFFUSION: DecodingMode
+DECODING_MODE_LINEAR_SPEC: DecodingMode
 SCHEDULE_UNSPECIFIED: Schedule
 SCHEDULE_LLADA: Schedule
 SCHEDULE_DREAM: Schedule
@@ -169,7 +180,7 @@ class StreamOptions(_message.Message):
     def __init__(self, mode: _Optional[_Union[StreamMode, str]] = ..., every_k_steps: _Optional[int] = ..., format: _Optional[_Union[SnapshotFormat, str]] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "min_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold", "structured_output", "editing_threshold", "max_post_steps", "cache_salt", "tools", "tool_choice", "parallel_tool_calls")
+    __slots__ = ("request_id", "prompt", "token_ids", "chat", "gen_length", "steps", "block_length", "temperature", "remasking", "threshold", "factor", "cfg_scale", "seed", "stream_options", "kv_cache", "factor_rule", "schedule", "eps", "top_k", "top_p", "min_p", "stop_token_ids", "ignore_eos", "min_tokens", "logprobs", "stop", "n", "frequency_penalty", "presence_penalty", "max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold", "structured_output", "editing_threshold", "max_post_steps", "cache_salt", "tools", "tool_choice", "parallel_tool_calls", "decoding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +223,7 @@ class GenerateRequest(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    DECODING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     token_ids: TokenIds
@@ -254,7 +266,8 @@ class GenerateRequest(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
     parallel_tool_calls: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., editing_threshold: _Optional[float] = ..., max_post_steps: _Optional[int] = ..., cache_salt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    decoding: DecodingMode
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., threshold: _Optional[float] = ..., factor: _Optional[float] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., factor_rule: _Optional[_Union[FactorRule, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., eps: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., editing_threshold: _Optional[float] = ..., max_post_steps: _Optional[int] = ..., cache_salt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., decoding: _Optional[_Union[DecodingMode, str]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "json_object")
@@ -333,16 +346,20 @@ class CanvasLayout(_message.Message):
     def __init__(self, gen_length: _Optional[int] = ..., block_length: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., mask_text: _Optional[str] = ..., revising: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "forward_passes", "cached_tokens")
+    __slots__ = ("prompt_tokens", "generated_tokens", "forward_passes", "cached_tokens", "verify_passes", "accepted_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_PASSES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     forward_passes: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    verify_passes: int
+    accepted_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., forward_passes: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., verify_passes: _Optional[int] = ..., accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "step", "total_steps", "block_index", "num_blocks", "text", "tokens", "committed_positions", "committed_confidences", "done", "finish_reason", "seed", "usage", "elapsed", "kv_cache", "choice", "updates", "layout", "provisional", "format", "text_positions", "final_positions", "revising", "tool_calls", "reasoning", "content", "choice_probabilities")
@@ -461,7 +478,7 @@ class SamplingDefaults(_message.Message):
     def __init__(self, gen_length: _Optional[int] = ..., steps: _Optional[int] = ..., block_length: _Optional[int] = ..., temperature: _Optional[float] = ..., remasking: _Optional[_Union[Remasking, str]] = ..., kv_cache: _Optional[_Union[KvCache, str]] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., max_denoising_steps: _Optional[int] = ..., entropy_bound: _Optional[float] = ..., t_min: _Optional[float] = ..., t_max: _Optional[float] = ..., stability_threshold: _Optional[int] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device", "family", "token_editing")
+    __slots__ = ("name", "architecture", "parameter_count", "vocab_size", "mask_token_id", "eos_token_id", "limits", "defaults", "dtype", "device", "family", "token_editing", "decoding_modes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -474,6 +491,7 @@ class GetModelInfoResponse(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EDITING_FIELD_NUMBER: _ClassVar[int]
+    DECODING_MODES_FIELD_NUMBER: _ClassVar[int]
     name: str
     architecture: str
     parameter_count: int
@@ -486,7 +504,8 @@ class GetModelInfoResponse(_message.Message):
     device: str
     family: str
     token_editing: bool
-    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameter_count: _Optional[int] = ..., vocab_size: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., family: _Optional[str] = ..., token_editing: _Optional[bool] = ...) -> None: ...
+    decoding_modes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., parameter_count: _Optional[int] = ..., vocab_size: _Optional[int] = ..., mask_token_id: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., family: _Optional[str] = ..., token_editing: _Optional[bool] = ..., decoding_modes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "apply_chat_template")

@@ -14,7 +14,9 @@ from celeris.engine.families.block.sequence import BlockSequence
 from celeris.engine.families.canvas.runner import Runner
 from celeris.engine.families.canvas.sequence import CanvasSequence
 from celeris.engine.errors import ModelLoadError
-from celeris.engine.families.family import BLOCK, FULL, REVISE, REVISE_KNOBS
+from celeris.engine.families.family import BLOCK, CAUSAL, FULL, REVISE, REVISE_KNOBS
+from celeris.engine.families.nemotron.runner import NemotronRunner
+from celeris.engine.families.nemotron.sequence import NemotronSequence
 from celeris.engine.families.registry import ROWS, claim, family_of, row_of
 from celeris.engine.families.revise.runner import ReviseRunner
 from celeris.engine.families.revise.sampler import ReviseParams
@@ -29,9 +31,10 @@ def _gemma_family():
 
 
 def test_every_kind_has_one_row():
-    assert sorted(r.kind for r in ROWS) == sorted((FULL, BLOCK, REVISE))
+    assert sorted(r.kind for r in ROWS) == sorted((FULL, BLOCK, REVISE, CAUSAL))
     assert {r.kind: (r.runner, r.sequence) for r in ROWS} == {
-        FULL: (Runner, CanvasSequence), BLOCK: (BlockRunner, BlockSequence), REVISE: (ReviseRunner, RevisingSequence)}
+        FULL: (Runner, CanvasSequence), BLOCK: (BlockRunner, BlockSequence), REVISE: (ReviseRunner, RevisingSequence),
+        CAUSAL: (NemotronRunner, NemotronSequence)}
 
 
 def test_rows_claim_their_folders(tmp_path):

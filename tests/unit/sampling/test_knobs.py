@@ -31,7 +31,8 @@ SAMPLES = {"gen_length": 16, "steps": 32, "block_length": 16, "temperature": 0.5
            "kv_cache": "dual", "top_k": 5, "top_p": 0.5, "min_p": 0.25, "stop": ("x",), "stop_token_ids": (3,),
            "ignore_eos": True, "min_tokens": 2, "frequency_penalty": 0.5, "presence_penalty": 0.25, "logprobs": 2,
            "provisional": True, "cfg_scale": 1.5, "seed": 7, "stop_at_eos": False, "max_denoising_steps": 8,
-           "entropy_bound": 0.25, "t_min": 0.25, "t_max": 0.5, "stability_threshold": 2, "confidence_threshold": 0.125}
+           "entropy_bound": 0.25, "t_min": 0.25, "t_max": 0.5, "stability_threshold": 2, "confidence_threshold": 0.125,
+           "decoding": "linear_spec"}
 # GenerateRequest fields that are not sampling knobs.
 NOT_KNOBS = {"request_id", "prompt", "token_ids", "chat", "stream_options", "n", "structured_output", "cache_salt",
              "tools", "tool_choice", "parallel_tool_calls"}
