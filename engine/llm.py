@@ -41,10 +41,12 @@ def model_folder(model: Optional[Union[str, Path]]) -> Path:
         return EMBEDDED_MODELS[str(model)]
     return Path(model)
 
+
 def default_prompt_tokens(model: Optional[Union[str, Path]], max_gen_length: int) -> int:
     """The prompt limit a server takes when none is given: the model folder's own position range
     (config.json's max_sequence_length / max_position_embeddings) less the canvas, at most
-    PROMPT_ROOM_CAP, at least 1 (celeris-tiny: 4,608 - 512 = 4,096). Reads only the config."""
+    PROMPT_ROOM_CAP, at least 1 (the shipped celeris-tiny: 1,024 - 512 = 512; its tools-phase run, 4,608
+    positions, would give 4,096). Reads only the config."""
     from celeris.engine.families.checkpoint import read_config
 
     own = read_config(model_folder(model)).max_sequence_length
