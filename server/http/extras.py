@@ -163,7 +163,7 @@ async def metrics(gw: Any, request: web.Request) -> web.Response:
     """Prometheus /metrics on the HTTP gateway's own port (the server's CollectorRegistry)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    registry = gw.lifecycle.telemetry.metrics.registry
+    registry = gw.pipeline.lifecycle.telemetry.metrics.registry
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
