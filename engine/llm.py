@@ -50,7 +50,10 @@ def default_prompt_tokens(model: Optional[Union[str, Path]], max_gen_length: int
     from celeris.engine.families.checkpoint import read_config
 
     own = read_config(model_folder(model)).max_sequence_length
-    return max(1, min(own - max_gen_length, PROMPT_ROOM_CAP))
+    # Never below the fixed default this replaced (512, or the model's whole range if shorter):
+    # a small model's range less a long canvas would leave no prompt at all, and each request's
+    # prompt plus canvas is still checked against the range.
+    return max(1, min(own - max_gen_length, PROMPT_ROOM_CAP), min(512, own))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def test_the_doors_name_the_family_and_its_mode(live, llm):
     assert (info.architecture, info.family, info.token_editing) == ("llada2.2", "block", True)
     with urllib.request.urlopen(live.http_url + "/v1/models/" + llm.name, timeout=60) as r:
         card = json.loads(r.read())
-    assert card["celeris"] == {"architecture": "llada2.2", "family": "block", "token_editing": True}
+    assert card["celeris"] == {"architecture": "llada2.2", "family": "block", "token_editing": True, "decoding_modes": []}
 
 
 @pytest.mark.slow  # a 32-token decode with edits, streamed: seconds under load

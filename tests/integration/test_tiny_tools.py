@@ -95,7 +95,8 @@ def test_the_default_prompt_room_follows_the_model_folder(tmp_path):
     import shutil
     from celeris.engine.llm import EMBEDDED_MODEL
 
-    for own, room in ((1024, 512), (4608, 4096), (131072, 4096)):  # the range less the canvas, at most 4096
+    # the range less the canvas, at most 4096; never below 512 (or a smaller model's whole range)
+    for own, room in ((1024, 512), (4608, 4096), (131072, 4096), (768, 512), (256, 256)):
         folder = tmp_path / str(own)
         shutil.copytree(EMBEDDED_MODEL, folder)
         cfg = json.loads((folder / "config.json").read_text())
