@@ -86,7 +86,8 @@ def test_generate_and_the_canvas_share_one_1280x800_viewport(live, browser):  # 
 @pytest.mark.slow  # over 1.5 s in CI (2026-12-06): out of the fast tier
 def test_only_the_loaded_families_knobs_show(live, browser):  # noqa: F811
     card = json.loads(urllib.request.urlopen(live.http_url + "/v1/models").read())["data"][0]
-    assert card["celeris"] == {"architecture": "llada", "family": "full", "token_editing": False}
+    assert card["celeris"] == {"architecture": "llada", "family": "full", "token_editing": False,
+                               "decoding_modes": []}
     open_page(browser, live.http_url)
     assert browser.find_element("tag name", "body").get_attribute("data-family") == "full"
     for knob in MASK_ONLY + ("max_tokens", "seed"):
