@@ -167,8 +167,10 @@ def args_schema(schema: dict, separators: tuple[str, str] = (",", ":")) -> dict:
 
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SCHEMA_LISTS = ("prefixItems",)
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames")
+# Alternatives for the same instance: inside an allOf member they name only part of its keys too.
+_SAME_LISTS, _SAME_ONE = ("anyOf", "oneOf"), ("if", "then", "else")
 
 
 def strict_objects(schema: object, strict: bool = True) -> object:
@@ -176,7 +178,9 @@ def strict_objects(schema: object, strict: bool = True) -> object:
     keys (no `additionalProperties`, `patternProperties` or `unevaluatedProperties`) takes no
     others: OpenAI's strict reading, so a forced call carries only the keys its function names (JSON
     Schema's own default would let a small model add any). A schema that says otherwise is kept.
-    `allOf` members are left open (each names only part of the object's keys)."""
+    `allOf` members are left open (each names only part of the object's keys), and so are their
+    alternatives (`anyOf`, `oneOf`, `if`/`then`/`else`: the same object); their properties' own
+    objects are read strictly again."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -191,6 +195,12 @@ def strict_objects(schema: object, strict: bool = True) -> object:
     for k in _SCHEMA_ONE:
         if isinstance(out.get(k), dict):
             out[k] = strict_objects(out[k])
+    for k in _SAME_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [strict_objects(sub, strict) for sub in out[k]]
+    for k in _SAME_ONE:
+        if isinstance(out.get(k), dict):
+            out[k] = strict_objects(out[k], strict)
     open_ = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
     if strict and isinstance(out.get("properties"), dict) and not any(k in out for k in open_):
         out["additionalProperties"] = False

@@ -47,6 +47,20 @@ def test_objects_without_a_word_on_other_keys_take_none():
     assert args_schema(before)["additionalProperties"] is False  # what enforcement compiles
 
 
+def test_an_all_of_members_alternatives_stay_open_and_their_properties_strict():
+    """allOf of anyOf objects (the round-five flood's shape): closing each alternative would make
+    the intersection unsatisfiable; their properties' own objects are still read strictly."""
+    inner = {"type": "object", "properties": {"x": {}}}
+    schema = {"allOf": [{"anyOf": [{"type": "object", "properties": {"a": {}, "deep": inner}}, {"type": "null"}]},
+                        {"oneOf": [{"properties": {"b": {}}}]},
+                        {"if": {"properties": {"c": {}}}, "then": {"properties": {"d": {}}}}]}
+    out = strict_objects(schema)
+    first, second, third = out["allOf"]
+    assert "additionalProperties" not in first["anyOf"][0] and "additionalProperties" not in second["oneOf"][0]
+    assert "additionalProperties" not in third["if"] and "additionalProperties" not in third["then"]
+    assert first["anyOf"][0]["properties"]["deep"]["additionalProperties"] is False
+
+
 def test_the_docs_example_tool_gets_only_its_own_keys_on_the_embedded_model():
     llm = LLM.load(None)
     tools = parse_tools(DOCS_TOOL)
